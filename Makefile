@@ -1,0 +1,38 @@
+# specstudy — `make study` runs the embedded default end to end; `make test` runs the test suite.
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+PROFILE ?= profiles/local
+PYTEST_ARGS ?=
+
+.PHONY: install install-harness study screen confirm capacity report test test-fast lint bench clean-results
+
+install:
+	envs/install.sh embedded
+
+install-harness:
+	envs/install.sh harness
+
+study: install
+	$(BIN)/snakemake --profile $(PROFILE) all
+
+screen confirm capacity report: install
+	$(BIN)/snakemake --profile $(PROFILE) $@
+
+test: install
+	tests/slurm/ensure-slurm-packages.sh || true
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not vllm and not slurm and not study" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check scripts tests benchmarks
+	$(BIN)/snakemake --lint
+
+bench: install
+	$(BIN)/python benchmarks/loadgen.py
+
+clean-results:
+	rm -rf results .snakemake

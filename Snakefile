@@ -1,0 +1,61 @@
+# specstudy: should speculative decoding be switched on for this vLLM deployment?
+# Table of contents only; stages live in rules/*.smk, all code in scripts/specstudy/.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/models.smk"
+include: "rules/corpus.smk"
+include: "rules/plan.smk"
+include: "rules/deploy.smk"
+include: "rules/gate.smk"
+include: "rules/select.smk"
+include: "rules/capacity.smk"
+include: "rules/report.smk"
+
+
+localrules:
+    all,
+    screen,
+    confirm,
+    capacity,
+    build_report,
+    prereg_lock,
+    plan_screen,
+    plan_confirm,
+    corpus,
+    gate,
+    select,
+    final_candidate,
+    tables,
+
+
+rule all:
+    input:
+        report="results/report/report.md",
+        capacity=capacity_targets,
+
+
+rule screen:
+    input:
+        screen_targets,
+
+
+rule confirm:
+    input:
+        confirm_targets,
+
+
+rule capacity:
+    input:
+        capacity_targets,
+
+
+rule report:
+    input:
+        "results/report/report.md",

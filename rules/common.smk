@@ -1,0 +1,321 @@
+# Helpers shared by all rule files. Only functions and constants live here; rules live in their stage files.
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+
+import yaml  # noqa: E402
+
+from specstudy import plan as _plan  # noqa: E402
+from specstudy.config import ConfigError, check_config, load_prereg, prereg_path  # noqa: E402
+
+try:
+    check_config(config, "the study config (--configfile / config/config.yaml)")
+    PREREG = load_prereg(config)
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
+
+PREREG_FILE = str(prereg_path(config))
+WORKLOADS = list(config["corpora"]["workloads"])
+SCREEN_CONC = list(config["screen"]["concurrency"])
+CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
+SCREEN_PLAN = _plan.make_plan(config, "screen", prereg=PREREG)
+DRIFT_CELL = SCREEN_PLAN["design"]["drift_cell"]
+GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
+CAPACITY = config.get("capacity") or {}
+FIXTURES = (config.get("fixture_models") or {}).get("build", False)
+FIXTURE_DIR = "results/models/fixture"
+
+wildcard_constraints:
+    phase="screen|confirm",
+    arm=_plan.ARM_PATTERN,
+    rep="rep[0-9]+",
+    drift="drift[0-9]+",
+    workload=_plan.WORKLOAD_PATTERN,
+    conc="[0-9]+",
+    corpus="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    version="[A-Za-z0-9._-]+",
+
+
+def _effective_config_file():
+    """The effective config (Snakefile default merged with --configfile/--config), content-addressed."""
+    text = json.dumps(config, sort_keys=True, indent=1)
+    path = Path("results/.config") / (hashlib.sha256(text.encode()).hexdigest()[:16] + ".json")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+CONFIG_FILE = _effective_config_file()
+
+
+# ------------------------------------------------------------------ corpora
+
+def _corpus_id(spec_path):
+    with open(spec_path) as fh:
+        spec = yaml.safe_load(fh)
+    return spec["name"], str(spec["version"])
+
+
+CORPUS_SPECS = {w: s for w, s in config["corpora"]["workloads"].items()}
+CORPUS_SPECS["smoke"] = config["corpora"]["smoke"]
+CORPUS_DIRS = {w: "results/corpora/{}/{}".format(*_corpus_id(s)) for w, s in CORPUS_SPECS.items()}
+SPEC_BY_CORPUS = {_corpus_id(s): s for s in CORPUS_SPECS.values()}
+
+
+def corpus_spec_for(wildcards):
+    return SPEC_BY_CORPUS[(wildcards.corpus, wildcards.version)]
+
+
+def corpus_json(workload):
+    return CORPUS_DIRS[workload] + "/corpus.json"
+
+
+def all_corpus_json():
+    return [corpus_json(w) for w in CORPUS_DIRS]
+
+
+def tokenizer_dir():
+    target = config["engine"]["target"]
+    return target.get("tokenizer") or target["path"]
+
+
+def model_inputs():
+    return [FIXTURE_DIR + "/models.json"] if FIXTURES else []
+
+
+def corpus_build_inputs(wildcards):
+    return {"spec": corpus_spec_for(wildcards), "models": model_inputs()}
+
+
+# ------------------------------------------------------------------ plans and deployments
+
+def phase_conc(phase):
+    return SCREEN_CONC if phase == "screen" else CONFIRM_CONC
+
+
+def cell_path(phase, arm, rep, workload, conc):
+    return f"results/{phase}/{arm}/{rep}/{workload}/c{conc}/summary.json"
+
+
+def record_path(phase, arm, rep):
+    return f"results/{phase}/{arm}/{rep}/deployment.json"
+
+
+def deployment_outputs(phase):
+    return expand("results/" + phase + "/{{arm}}/{{rep}}/{workload}/c{conc}/summary.json",
+                  workload=WORKLOADS, conc=phase_conc(phase))
+
+
+def selection_file(wildcards=None):
+    return checkpoints.select.get().output.selection
+
+
+def confirm_plan():
+    """The confirmation plan: built only from the selection checkpoint's output."""
+    with open(selection_file()) as fh:
+        selection = json.load(fh)
+    return _plan.make_plan(config, "confirm", arms=selection["confirmation_arms"], prereg=PREREG)
+
+
+def plan_for(phase):
+    return SCREEN_PLAN if phase == "screen" else confirm_plan()
+
+
+def planned(phase, arm, rep):
+    """The plan entry of a deployment; refuses deployments the plan (or the selection) does not contain."""
+    p = plan_for(phase)
+    try:
+        return _plan.find_deployment(p, arm, rep)
+    except KeyError:
+        if phase == "confirm":
+            raise WorkflowError(
+                f"results/confirm/{arm}/{rep}: '{arm}' was not selected for confirmation "
+                f"(selection: {selection_file()} picks {sorted({d['arm'] for d in p['deployments']})}). "
+                "Confirmation runs only what the pre-registered selection picked.") from None
+        raise WorkflowError(f"results/{phase}/{arm}/{rep}: not in the {phase} plan "
+                            f"({len(p['deployments'])} deployments; skipped arms: {p['skipped']})") from None
+
+
+def deployment_inputs(wildcards, phase=None):
+    phase = phase or wildcards.phase
+    rep = getattr(wildcards, "rep", None) or wildcards.drift
+    dep = planned(phase, wildcards.arm, rep)
+    inputs = {"corpora": all_corpus_json(), "models": model_inputs(),
+              "plan": f"results/plan/{phase}.json", "lock": ancient("results/screen/prereg-lock.json")}
+    if phase == "confirm":
+        inputs["selection"] = ancient(selection_file())
+    if dep["after"]:
+        a, r = dep["after"].split("/")
+        inputs["after"] = ancient(record_path(phase, a, r))
+    return inputs
+
+
+def screen_deployment_inputs(wildcards):
+    return deployment_inputs(wildcards, "screen")
+
+
+def confirm_deployment_inputs(wildcards):
+    return deployment_inputs(wildcards, "confirm")
+
+
+def deployment_spec(wildcards, phase=None):
+    phase = phase or wildcards.phase
+    rep = getattr(wildcards, "rep", None) or wildcards.drift
+    dep = planned(phase, wildcards.arm, rep)
+    spec = {
+        "phase": phase, "rep": rep, "kind": dep["kind"], "block": dep["block"], "order": dep["order"],
+        "arm": _plan.arm_by_name(config, wildcards.arm),
+        "cells": [dict(c, corpus_dir=CORPUS_DIRS[c["workload"]]) for c in dep["cells"]],
+        "smoke_corpus_dir": CORPUS_DIRS["smoke"],
+        "engine": config["engine"], "cell_settings": config["cells"],
+        "study": config["study"]["name"], "seed": config["study"]["seed"],
+    }
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def screen_spec(wildcards):
+    return deployment_spec(wildcards, "screen")
+
+
+def confirm_spec(wildcards):
+    return deployment_spec(wildcards, "confirm")
+
+
+def drift_outputs():
+    return "results/{phase}/{arm}/{drift}/" + f"{DRIFT_CELL['workload']}/c{DRIFT_CELL['concurrency']}/summary.json"
+
+
+def deployment_priority(phase):
+    return 10 if phase == "screen" else 5
+
+
+# ------------------------------------------------------------------ targets
+
+def _cells_of(p):
+    out = []
+    for dep in p["deployments"]:
+        for c in dep["cells"]:
+            out.append(cell_path(p["phase"], dep["arm"], dep["rep"], c["workload"], c["concurrency"]))
+    return out
+
+
+def _records_of(p):
+    return [record_path(p["phase"], d["arm"], d["rep"]) for d in p["deployments"]]
+
+
+def screen_cells():
+    return _cells_of(SCREEN_PLAN)
+
+
+def screen_records():
+    return _records_of(SCREEN_PLAN)
+
+
+def screen_repeat_cells():
+    return [c for d in SCREEN_PLAN["deployments"] if d["kind"] == "repeat"
+            for c in [cell_path("screen", d["arm"], d["rep"], x["workload"], x["concurrency"]) for x in d["cells"]]]
+
+
+def screen_repeat_records():
+    return [record_path("screen", d["arm"], d["rep"]) for d in SCREEN_PLAN["deployments"] if d["kind"] == "repeat"]
+
+
+def spec_arms(p):
+    return sorted({d["arm"] for d in p["deployments"] if d["arm"] != "baseline"})
+
+
+def gates_of(phase):
+    p = plan_for(phase)
+    return [f"results/gates/{phase}/{a}.json" for a in spec_arms(p)]
+
+
+def screen_targets(wildcards):
+    return screen_cells() + screen_records() + gates_of("screen")
+
+
+def confirm_cells(wildcards=None):
+    return _cells_of(confirm_plan())
+
+
+def confirm_records(wildcards=None):
+    return _records_of(confirm_plan())
+
+
+def confirm_targets(wildcards):
+    return confirm_cells() + confirm_records() + gates_of("confirm")
+
+
+def gates_of_confirm(wildcards):
+    return gates_of("confirm")
+
+
+def gate_inputs(wildcards):
+    p = plan_for(wildcards.phase)
+    reps = [d for d in p["deployments"] if d["kind"] == "repeat"]
+    base = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == "baseline"]
+    cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]
+    if not cand:
+        raise WorkflowError(f"no {wildcards.phase} deployments of arm {wildcards.arm}")
+    # Cross-deployment control: two independently launched deployments of one configuration (baseline rep1, rep2).
+    return {"baseline": base, "candidate": cand, "control_a": base[:1], "control_b": base[1:2]}
+
+
+def final_candidate_file(wildcards=None):
+    return checkpoints.final_candidate.get().output.decision
+
+
+def capacity_arms():
+    with open(final_candidate_file()) as fh:
+        decision = json.load(fh)
+    return ["baseline"] + ([decision["arm"]] if decision.get("arm") else [])
+
+
+def capacity_targets(wildcards):
+    if not CAPACITY.get("enabled"):
+        return []
+    return [f"results/capacity/{a}/knee.json" for a in capacity_arms()]
+
+
+def capacity_inputs(wildcards):
+    if wildcards.arm not in capacity_arms():
+        raise WorkflowError(f"results/capacity/{wildcards.arm}: capacity runs only for baseline and the final candidate "
+                            f"from confirmation ({final_candidate_file()})")
+    return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": model_inputs(),
+            "record": confirm_records_of_arm(wildcards.arm)}
+
+
+def confirm_records_of_arm(arm):
+    p = confirm_plan()
+    return [record_path("confirm", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == arm and d["kind"] == "repeat"][:1]
+
+
+def capacity_spec(wildcards):
+    spec = {
+        "phase": "capacity", "rep": "rep1", "kind": "capacity", "block": 1, "order": 0,
+        "arm": _plan.arm_by_name(config, wildcards.arm),
+        "cells": [], "capacity": CAPACITY, "capacity_corpus_dir": CORPUS_DIRS[CAPACITY["workload"]],
+        "smoke_corpus_dir": CORPUS_DIRS["smoke"],
+        "engine": config["engine"], "cell_settings": config["cells"],
+        "study": config["study"]["name"], "seed": config["study"]["seed"],
+    }
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def report_inputs(wildcards):
+    return {
+        "screen": screen_cells() + screen_records() + gates_of("screen"),
+        "confirm": confirm_cells() + confirm_records() + gates_of("confirm"),
+        "selection": selection_file(),
+        "tables": "results/tables/cells.parquet",
+        "capacity": capacity_targets(wildcards),
+    }
+
+
+def tables_inputs(wildcards):
+    return screen_cells() + screen_records() + gates_of("screen") + confirm_cells() + confirm_records() + gates_of("confirm")

@@ -1,0 +1,62 @@
+# One Snakemake job per deployment: start vLLM, readiness, two greedy smoke captures, the cells in
+# planned order, stop. Raw artifacts go to attempts/<deployment_id>/; declared outputs are atomic
+# copies. Measurement failures are data (exit 0); see docs/DESIGN.md "Deployment job shape".
+
+
+rule deploy_screen:
+    input:
+        unpack(screen_deployment_inputs),
+    output:
+        record="results/screen/{arm}/{rep}/deployment.json",
+        cells=deployment_outputs("screen"),
+    log:
+        "results/logs/screen/{arm}/{rep}.log",
+    params:
+        spec=screen_spec,
+        out="results/screen/{arm}/{rep}",
+    threads: 2
+    resources:
+        deployments=1,
+    priority: 10
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy deployment run --spec {params.spec:q} --plan {input.plan} --lock {input.lock} "
+        "--out {params.out} > {log} 2>&1"
+
+
+rule deploy_confirm:
+    input:
+        unpack(confirm_deployment_inputs),
+    output:
+        record="results/confirm/{arm}/{rep}/deployment.json",
+        cells=deployment_outputs("confirm"),
+    log:
+        "results/logs/confirm/{arm}/{rep}.log",
+    params:
+        spec=confirm_spec,
+        out="results/confirm/{arm}/{rep}",
+    threads: 2
+    resources:
+        deployments=1,
+    priority: 5
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy deployment run --spec {params.spec:q} --plan {input.plan} --lock {input.lock} "
+        "--out {params.out} > {log} 2>&1"
+
+
+use rule deploy_screen as deploy_drift with:
+    input:
+        unpack(deployment_inputs),
+    output:
+        record="results/{phase}/{arm}/{drift}/deployment.json",
+        cells=drift_outputs(),
+    log:
+        "results/logs/{phase}/{arm}/{drift}.log",
+    params:
+        spec=deployment_spec,
+        out="results/{phase}/{arm}/{drift}",
+    wildcard_constraints:
+        arm="baseline",

@@ -1,0 +1,19 @@
+# Greedy correctness gate per speculative arm, judged against a cross-deployment control.
+
+
+rule gate:
+    input:
+        unpack(gate_inputs),
+    output:
+        gate="results/gates/{phase}/{arm}.json",
+    log:
+        "results/logs/gates/{phase}/{arm}.log",
+    params:
+        margins=GATE_MARGINS,
+        tokenizer=tokenizer_dir(),
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy gate judge --baseline {input.baseline} --candidate {input.candidate} "
+        "--control-a {input.control_a} --control-b {input.control_b} --margins {params.margins:q} "
+        "--arm {wildcards.arm} --phase {wildcards.phase} --tokenizer {params.tokenizer} --out {output.gate} > {log} 2>&1"

@@ -1,0 +1,47 @@
+# The pre-registration lock and the ordered plans of both phases.
+
+
+rule prereg_lock:
+    output:
+        lock="results/screen/prereg-lock.json",
+    log:
+        "results/logs/plan/prereg-lock.log",
+    params:
+        config=CONFIG_FILE,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy prereg-lock --config {params.config} --out {output.lock} > {log} 2>&1"
+
+
+rule plan_screen:
+    input:
+        corpora=all_corpus_json(),
+        lock=ancient("results/screen/prereg-lock.json"),
+    output:
+        plan="results/plan/screen.json",
+    log:
+        "results/logs/plan/screen.log",
+    params:
+        config=CONFIG_FILE,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy plan --config {params.config} --phase screen --corpora {input.corpora} --out {output.plan} > {log} 2>&1"
+
+
+rule plan_confirm:
+    input:
+        corpora=all_corpus_json(),
+        selection=ancient(selection_file),
+    output:
+        plan="results/plan/confirm.json",
+    log:
+        "results/logs/plan/confirm.log",
+    params:
+        config=CONFIG_FILE,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy plan --config {params.config} --phase confirm --selection {input.selection} "
+        "--corpora {input.corpora} --out {output.plan} > {log} 2>&1"

@@ -1,0 +1,33 @@
+# Tables (rebuilt from raw artifacts alone) and the report.
+
+
+rule tables:
+    input:
+        tables_inputs,
+    output:
+        cells="results/tables/cells.parquet",
+        requests="results/tables/requests.parquet",
+        deployments="results/tables/deployments.parquet",
+        gates="results/tables/gates.parquet",
+    log:
+        "results/logs/report/tables.log",
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy tables --results results --out results/tables > {log} 2>&1"
+
+
+rule build_report:
+    input:
+        unpack(report_inputs),
+    output:
+        markdown=report("results/report/report.md", category="Report"),
+        html="results/report/report.html",
+    log:
+        "results/logs/report/report.log",
+    params:
+        config=CONFIG_FILE,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy report --results results --tables results/tables --config {params.config} --out results/report > {log} 2>&1"

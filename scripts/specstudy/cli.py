@@ -1,0 +1,51 @@
+"""The ``specstudy`` command line. Each concept module registers its own subcommands.
+
+A module listed in ``COMMAND_MODULES`` exposes ``register(subparsers)`` which adds parsers whose
+``func`` attribute takes the parsed ``argparse.Namespace`` and returns an exit code. Modules keep
+heavy imports (torch, vllm, pandas) inside functions so that ``specstudy --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = [
+    "fixture_models",
+    "corpus",
+    "plan",
+    "deployment_run",
+    "gate",
+    "select",
+    "capacity",
+    "upstream",
+    "tables",
+    "report",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specstudy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"specstudy.{name}")
+        except ModuleNotFoundError as exc:  # a module not written yet must not break the others
+            if exc.name == f"specstudy.{name}":
+                continue
+            raise
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

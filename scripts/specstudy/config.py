@@ -1,0 +1,107 @@
+"""Loading and checking the study config and its pre-registration.
+
+Schema errors name the file and the field; semantic checks (things a JSON schema cannot say)
+name the field and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from . import schemas
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """The study config or pre-registration is unusable; the message says where and how to fix it."""
+
+
+def _load_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_config(cfg: dict, source: str = "<config>") -> dict:
+    """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
+    try:
+        schemas.validate(cfg, "config", source)
+    except schemas.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    problems = []
+    arms = cfg["arms"]
+    methods = arms["methods"]
+    if "baseline" not in methods:
+        problems.append("field 'arms.methods': must include 'baseline' (every comparison is against it); add baseline")
+    spec_methods = [m for m in methods if m != "baseline"]
+    if spec_methods and not arms.get("num_speculative_tokens"):
+        problems.append("field 'arms.num_speculative_tokens': required when a speculative method is listed; e.g. [2, 3, 5, 8]")
+    if "draft_model" in methods:
+        if not (cfg["engine"].get("draft") or {}).get("path"):
+            problems.append("field 'engine.draft.path': required for method draft_model; set the draft model directory")
+        if not arms.get("draft_tensor_parallel_size"):
+            problems.append("field 'arms.draft_tensor_parallel_size': required for method draft_model; e.g. [1, 4]")
+    if "ngram" in methods:
+        ng = arms.get("ngram") or {}
+        lo, hi = ng.get("prompt_lookup_min"), ng.get("prompt_lookup_max")
+        if lo is None or hi is None:
+            problems.append("field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method ngram")
+        elif lo > hi:
+            problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
+    drift = (cfg.get("plan") or {}).get("drift_cell")
+    if drift:
+        if drift["workload"] not in cfg["corpora"]["workloads"]:
+            problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
+                            f"({', '.join(cfg['corpora']['workloads'])})")
+    cap = cfg.get("capacity") or {}
+    if cap.get("enabled") and cap.get("workload") not in cfg["corpora"]["workloads"]:
+        problems.append(f"field 'capacity.workload': {cap.get('workload')!r} is not a workload in corpora.workloads")
+    if problems:
+        raise ConfigError(f"{source}: invalid study config:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def load_config(path: str | Path) -> dict:
+    path = Path(path)
+    cfg = _load_yaml(path)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: the config must be a mapping with keys study, engine, corpora, cells, arms, screen")
+    return check_config(cfg, str(path))
+
+
+def prereg_path(cfg: dict) -> Path:
+    p = Path(cfg["study"]["preregistration"])
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
+def load_prereg(cfg: dict) -> dict:
+    path = prereg_path(cfg)
+    data = _load_yaml(path)
+    try:
+        schemas.validate(data, "preregistration", str(path))
+    except schemas.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    return data
+
+
+def resolved(cfg: dict) -> dict:
+    """A deep copy safe to serialize (used for params and the report)."""
+    return copy.deepcopy(cfg)

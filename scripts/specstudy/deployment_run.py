@@ -1,0 +1,340 @@
+"""The Snakemake job of one deployment: launch, readiness, smoke captures, cells in order, stop.
+
+Contract (docs/DESIGN.md, "Deployment job shape"):
+- raw artifacts of this attempt go to ``<out>/attempts/<deployment_id>/`` and are never deleted;
+  the declared outputs (``deployment.json``, every cell's ``summary.json``) are atomic copies;
+- a cell whose earlier attempt is valid and has the same fingerprint is reused (its summary keeps
+  naming the deployment it ran on); missing or rejected cells are measured on this deployment;
+- a server that never becomes ready is data: a failure record under
+  ``results/deployment-failures/…``, every cell summarised as ``deployment_failed``, exit 0;
+- SIGTERM/SIGINT (``scancel``) stop the server's process group, write a failure record with
+  stage ``cancelled`` and exit 128+signal; the server never outlives the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from . import atomic
+
+
+def engine_flat(engine: dict) -> dict:
+    """Map the study config's ``engine`` section onto the launcher's flat engine settings."""
+    target = engine["target"]
+    server = engine.get("server") or {}
+    key_env = server.get("api_key_env")
+    flat = {
+        "backend": engine.get("backend", "local"),
+        "python": engine.get("python"),
+        "model": target["path"],
+        "tokenizer": target.get("tokenizer") or target["path"],
+        "tensor_parallel_size": target.get("tensor_parallel_size", 1),
+        "max_model_len": target["max_model_len"],
+        "dtype": target.get("dtype"),
+        "chat_template": target.get("chat_template"),
+        "draft_model": (engine.get("draft") or {}).get("path"),
+        "gpu_memory_utilization": server.get("gpu_memory_utilization", 0.9),
+        "extra_args": list(server.get("extra_args") or []),
+        "env": dict(server.get("env") or {}),
+        "host": server.get("host", "127.0.0.1"),
+        "port": server.get("port"),
+        "readiness_timeout_s": server.get("ready_timeout_s", 900),
+        "stop_grace_s": server.get("stop_grace_s", 30),
+        "idle_timeout_s": server.get("idle_timeout_s"),
+        "api_key": os.environ.get(key_env) if key_env else None,
+    }
+    if engine.get("container"):
+        flat["container"] = engine["container"]
+    return flat
+
+
+def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
+    from .loadgen import RequestSpec
+
+    if not prompts:
+        raise ValueError(f"workload {workload}: the corpus has no prompts")
+    out = []
+    for i in range(n):
+        p = prompts[(offset + i) % len(prompts)]
+        out.append(RequestSpec(prompt_id=p["prompt_id"], workload=workload, messages=p["messages"],
+                               max_tokens=int(p["max_tokens"])))
+    return out
+
+
+def _fingerprint(spec: dict, cell: dict, digest: str) -> str:
+    from .cell import cell_fingerprint
+
+    s = spec["cell_settings"]
+    target = spec["engine"]["target"]
+    return cell_fingerprint({
+        "arm": {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")},
+        "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "corpus_digest": digest,
+        "requests": s["requests"], "warmup_requests": s["warmup_requests"], "temperature": s.get("temperature", 0.0),
+        "seed": s.get("seed"), "model": target["path"], "max_model_len": target["max_model_len"],
+        "server_args": spec["engine"].get("server", {}).get("extra_args"),
+    })
+
+
+def _cell_rel(cell: dict) -> str:
+    return f"{cell['workload']}/c{int(cell['concurrency'])}"
+
+
+def _previous_valid(out: Path, cell: dict, fingerprint: str) -> Path | None:
+    """Newest earlier attempt of this cell that is valid with the same fingerprint."""
+    best = None
+    for path in sorted((out / "attempts").glob(f"*/{_cell_rel(cell)}/summary.json")):
+        try:
+            s = atomic.read_json(path)
+        except (OSError, ValueError):
+            continue
+        if s.get("fingerprint") == fingerprint and (s.get("validity") or {}).get("valid"):
+            if best is None or path.stat().st_mtime >= best.stat().st_mtime:
+                best = path
+    return best
+
+
+def _previous_ok_record(out: Path) -> dict | None:
+    best, best_t = None, -1.0
+    for path in (out / "attempts").glob("*/record.json"):
+        try:
+            rec = atomic.read_json(path)
+        except (OSError, ValueError):
+            continue
+        if rec.get("status") == "ok" and rec.get("smoke", {}).get("captures") and path.stat().st_mtime > best_t:
+            best, best_t = rec, path.stat().st_mtime
+    return best
+
+
+def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
+    arm = spec["arm"]
+    return {"phase": spec["phase"], "arm": arm["name"], "method": arm["method"],
+            "num_speculative_tokens": arm.get("num_speculative_tokens"),
+            "draft_tensor_parallel_size": arm.get("draft_tensor_parallel_size"),
+            "rep": spec["rep"], "workload": cell["workload"], "concurrency": int(cell["concurrency"]),
+            "deployment_id": deployment_id}
+
+
+def _corpus_ref(corpus_json: dict) -> dict:
+    return {"name": corpus_json.get("name"), "version": str(corpus_json.get("version")), "digest": corpus_json.get("digest")}
+
+
+def _rep_number(rep: str) -> int:
+    digits = "".join(ch for ch in str(rep) if ch.isdigit())
+    return int(digits or 0)
+
+
+def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = None, lock_path: str | None = None,
+                   results_root: str | os.PathLike = "results") -> int:
+    from . import cell as cellmod
+    from . import corpus as corpusmod
+    from . import deploy, gate, telemetry
+
+    out = Path(out)
+    results_root = Path(results_root)
+    arm = spec["arm"]
+    phase, rep = spec["phase"], spec["rep"]
+    eng = engine_flat(spec["engine"])
+    settings = spec["cell_settings"]
+    deployment_id = deploy.new_deployment_id(phase, arm["name"], rep)
+    attempt = out / "attempts" / deployment_id
+    attempt.mkdir(parents=True, exist_ok=True)
+    log = print
+    log(f"deployment {deployment_id}: {len(spec['cells'])} cells, attempt dir {attempt}")
+
+    plan = atomic.read_json(plan_path) if plan_path else {}
+    lock = atomic.read_json(lock_path) if lock_path else {}
+    planned_digests = {k: v.get("digest") for k, v in (plan.get("corpora") or {}).items()}
+
+    # Cells: corpus check, fingerprint, reuse.
+    cells = []
+    for c in spec["cells"]:
+        entry = {"cell": c, "declared": out / _cell_rel(c) / "summary.json"}
+        cj = atomic.read_json(Path(c["corpus_dir"]) / "corpus.json")
+        entry["corpus"] = _corpus_ref(cj)
+        expected = planned_digests.get(c["corpus_dir"])
+        if expected and expected != cj.get("digest"):
+            entry["mismatch"] = (f"{c['corpus_dir']}: corpus digest {cj.get('digest')} differs from the plan's {expected} "
+                                 f"({plan_path}); the corpus changed after planning — re-run the plan rule")
+        entry["fingerprint"] = _fingerprint(spec, c, cj.get("digest"))
+        prev = _previous_valid(out, c, entry["fingerprint"]) if settings.get("reuse_valid", True) else None
+        entry["reuse"] = prev
+        cells.append(entry)
+    to_measure = [e for e in cells if e["reuse"] is None and "mismatch" not in e]
+    previous = _previous_ok_record(out)
+    need_server = bool(to_measure) or spec["kind"] == "capacity" or previous is None
+    cell_records = []
+
+    def publish(entry: dict, summary_path: Path, status: str) -> None:
+        atomic.write_bytes(entry["declared"], summary_path.read_bytes())
+        s = atomic.read_json(summary_path)
+        cell_records.append({"workload": entry["cell"]["workload"], "concurrency": int(entry["cell"]["concurrency"]),
+                             "summary": str(summary_path), "status": status,
+                             "deployment_id": (s.get("keys") or {}).get("deployment_id")})
+
+    def write_failed(entry: dict, code: str, detail: str) -> None:
+        s = cellmod.failed_summary(_keys(spec, entry["cell"], deployment_id), entry["corpus"], code, detail,
+                                   fingerprint=entry["fingerprint"])
+        path = attempt / _cell_rel(entry["cell"]) / "summary.json"
+        atomic.write_json(path, s)
+        publish(entry, path, code)
+
+    for e in cells:
+        if e["reuse"] is not None:
+            log(f"cell {_cell_rel(e['cell'])}: reusing valid result {e['reuse']}")
+            publish(e, e["reuse"], "reused")
+        elif "mismatch" in e:
+            write_failed(e, "corpus_mismatch", e["mismatch"])
+
+    smoke_prompts = corpusmod.load_prompts(spec["smoke_corpus_dir"])
+    smoke_corpus = _corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json"))
+    times = {"start": deploy.utcnow(), "ready": None, "stop": None}
+    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": rep}
+
+    if not need_server:
+        log("every cell reused; no server started")
+        rec = dict(previous)
+        rec["cells"] = cell_records
+        rec["reused_by"] = deployment_id
+        _write_record(out, attempt, rec)
+        return 0
+
+    server = None
+    status, failure, command, provenance, confounds, cache_config, captures = "ok", None, None, None, None, None, []
+    exit_code = 0
+    served = spec["engine"]["target"]["served_model_name"]
+    with deploy.stop_on_signals(lambda: server, grace_s=float(eng["stop_grace_s"])):
+        try:
+            try:
+                server, backend = deploy.launch(eng, arm, attempt_dir=attempt, served_model_name=served)
+                command = server.record_command
+                log(f"server starting: pid {server.pid} {server.base_url}")
+                deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
+                times["ready"] = deploy.utcnow()
+                log("server ready")
+            except deploy.DeploymentError as exc:
+                status = "failed"
+                failure = {"stage": exc.stage, "reason": exc.reason, "message": str(exc)}
+                log(f"deployment failed at {exc.stage}: {exc}")
+            if status == "ok":
+                for i in (1, 2):
+                    cap = attempt / "smoke" / f"capture-{i}.json"
+                    gate.capture_greedy(server.base_url, served, smoke_prompts, cap, deployment_id=deployment_id,
+                                        arm=arm["name"], capture_index=i, corpus=smoke_corpus,
+                                        seed=settings.get("seed"), api_key=eng.get("api_key"))
+                    captures.append(str(cap))
+                cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
+                if spec["kind"] == "capacity":
+                    _run_capacity(spec, server, served, eng, attempt, out)
+                for e in to_measure:
+                    c = e["cell"]
+                    cdir = attempt / _cell_rel(c)
+                    prompts = corpusmod.load_prompts(c["corpus_dir"])
+                    reqs = _request_specs(prompts, int(settings["requests"]), c["workload"])
+                    warm = _request_specs(prompts, int(settings["warmup_requests"]), c["workload"])
+                    if server.exited() is not None:
+                        write_failed(e, "deployment_failed", f"server exited with code {server.exited()} before this cell")
+                        continue
+                    sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
+                                                         pgid=server.pgid, api_key=eng.get("api_key"))
+                    log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
+                    try:
+                        summary = cellmod.run_cell(
+                            server.base_url, served, reqs, warm, int(c["concurrency"]), cdir,
+                            keys=_keys(spec, c, deployment_id), corpus=e["corpus"],
+                            metrics_url=server.base_url + "/metrics", fingerprint=e["fingerprint"],
+                            api_key=eng.get("api_key"), sampler=sampler,
+                            drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
+                            temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
+                            request_timeout_s=float(settings.get("request_timeout_s", 600)))
+                    except Exception as exc:  # a broken cell is data; the deployment goes on
+                        traceback.print_exc()
+                        write_failed(e, "cell_error", f"{type(exc).__name__}: {exc}")
+                        continue
+                    v = summary.get("validity") or {}
+                    log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
+                    publish(e, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
+        except deploy.TerminatedBySignal as exc:
+            status = "failed"
+            failure = {"stage": "cancelled", "reason": "signal", "message": f"job received signal {exc.signum}"}
+            exit_code = 128 + exc.signum
+        finally:
+            stop_info = server.stop(grace_s=float(eng["stop_grace_s"])) if server is not None else None
+            times["stop"] = deploy.utcnow()
+            log_path = attempt / "launch.log"
+            log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+            confounds = deploy.parse_launch_log(log_text) if log_text else None
+            try:
+                provenance = deploy.collect_provenance(eng, arm, deployment_id=deployment_id, server=server, command=command,
+                                                       corpus={"smoke": smoke_corpus,
+                                                               **{e["cell"]["workload"]: e["corpus"] for e in cells}},
+                                                       launch_log=log_path if log_path.exists() else None, times=times)
+            except Exception:  # provenance must never lose the measurements
+                traceback.print_exc()
+                provenance = None
+            if stop_info:
+                log(f"server stopped: {stop_info}")
+
+    if status == "failed":
+        fpath = deploy.write_failure_record(results_root, phase=phase, arm=arm, rep=_rep_number(rep),
+                                            deployment_id=deployment_id, stage=failure["stage"],
+                                            reason=failure["reason"], log_path=attempt / "launch.log",
+                                            command=command, message=failure.get("message"), provenance=provenance,
+                                            confounds=confounds, times=times, secrets=getattr(server, "secrets", ()))
+        failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))
+        for e in to_measure:
+            if not any(r["workload"] == e["cell"]["workload"] and r["concurrency"] == int(e["cell"]["concurrency"])
+                       for r in cell_records):
+                write_failed(e, "deployment_failed", f"deployment {deployment_id} failed at {failure['stage']}: "
+                             f"{failure.get('reason')} (see {fpath})")
+    rec = dict(record_base, status=status, failure=failure, command=command, provenance=provenance,
+               confounds=confounds, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
+               times=times, prereg_sha256=lock.get("sha256"), kind=spec["kind"], block=spec.get("block"),
+               order=spec.get("order"))
+    if status != "ok" and previous is not None and not captures:
+        rec["smoke"] = previous.get("smoke", {"captures": []})
+    _write_record(out, attempt, rec)
+    if exit_code:
+        log(f"deployment {deployment_id} cancelled; exiting {exit_code}")
+    return exit_code
+
+
+def _write_record(out: Path, attempt: Path, rec: dict) -> None:
+    from . import schemas
+
+    schemas.validate(rec, "deployment", f"{attempt}/record.json")
+    atomic.write_json(attempt / "record.json", rec)
+    atomic.write_json(out / "deployment.json", rec)
+
+
+def _run_capacity(spec: dict, server, served: str, eng: dict, attempt: Path, out: Path) -> None:
+    from . import capacity
+    from . import corpus as corpusmod
+
+    cap = spec["capacity"]
+    prompts = corpusmod.load_prompts(spec["capacity_corpus_dir"])
+    capacity.run_capacity(server.base_url, served, prompts, cap["gates"], dict(cap.get("search") or {}, soaks=cap.get("soaks")),
+                          out, server.base_url + "/metrics", deployment_record=None)
+
+
+def _cmd_run(args) -> int:
+    spec = json.loads(args.spec)
+    try:
+        return run_deployment(spec, args.out, args.plan, args.lock)
+    finally:
+        sys.stdout.flush()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("deployment", help="deployment jobs")
+    dsub = p.add_subparsers(dest="deployment_command", required=True)
+    r = dsub.add_parser("run", help="run one deployment: launch, readiness, smoke captures, cells, stop")
+    r.add_argument("--spec", required=True, help="deployment spec JSON (built by rules/common.smk)")
+    r.add_argument("--out", required=True, help="results/<phase>/<arm>/<rep>")
+    r.add_argument("--plan", help="plan JSON (corpus digests the cells must match)")
+    r.add_argument("--lock", help="pre-registration lock JSON")
+    r.set_defaults(func=_cmd_run)
+

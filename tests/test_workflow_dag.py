@@ -1,0 +1,162 @@
+"""The DAG enforces the pre-registered order of work (dry runs on a copy of the workflow).
+
+Screening outputs are faked (synthetic summaries), so no server starts; `select` runs for real
+because it only reads files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def sm(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def job_counts(out: str) -> dict[str, int]:
+    counts = {}
+    m = re.search(r"Job stats:\n(.*?)\n\s*total", out, re.S)
+    if not m:
+        return counts
+    for line in m.group(1).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    return tmp_path
+
+
+def _corpus_dirs(workdir: Path) -> dict[str, str]:
+    cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])
+    out = {}
+    for w, s in specs.items():
+        spec = yaml.safe_load((workdir / s).read_text())
+        out[w] = f"results/corpora/{spec['name']}/{spec['version']}"
+    return out
+
+
+def fake_screening(workdir: Path) -> None:
+    """Write every screening output with increasing mtimes, as if screening had run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from specstudy import plan as planmod
+    from specstudy.config import load_config
+
+    os.chdir(workdir)
+    cfg = load_config("config/config.yaml")
+    old = time.time() - 4000
+    for f in workdir.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            os.utime(f, (old, old))
+    t = [time.time() - 3000]
+
+    def write(path: str, obj) -> None:
+        p = workdir / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(obj))
+        t[0] += 1
+        os.utime(p, (t[0], t[0]))
+
+    write("results/models/fixture/models.json", {})
+    for w, d in _corpus_dirs(workdir).items():
+        write(f"{d}/corpus.json", {"name": w, "version": "1", "digest": "x" * 64})
+    write("results/screen/prereg-lock.json", planmod.prereg_lock(cfg))
+    write("results/plan/screen.json", {})
+    p = planmod.make_plan(cfg, "screen")
+    speed = {"baseline": 10.0, "draft-k2-tp1": 7.0, "draft-k4-tp1": 7.5, "ngram-k2": 9.0, "ngram-k4": 9.5}
+    for d in p["deployments"]:
+        for c in d["cells"]:
+            method = "baseline" if d["arm"] == "baseline" else ("draft_model" if d["arm"].startswith("draft") else "ngram")
+            write(f"results/screen/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json",
+                  {"keys": {"phase": "screen", "arm": d["arm"], "method": method, "rep": d["rep"],
+                            "workload": c["workload"], "concurrency": c["concurrency"]},
+                   "validity": {"valid": True, "reasons": []},
+                   "latency_ms": {"tpot": {"p50": speed[d["arm"]] * c["concurrency"]}},
+                   "tokens": {"output_tokens_per_second": 100.0}})
+        write(f"results/screen/{d['arm']}/{d['rep']}/deployment.json",
+              {"arm": {"name": d["arm"]}, "status": "ok", "prereg_sha256": planmod.prereg_lock(cfg)["sha256"]})
+    for arm in speed:
+        if arm != "baseline":
+            write(f"results/gates/screen/{arm}.json", {"arm": arm, "verdict": "pass"})
+
+
+def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
+    out = sm(workdir, "-n", "screen").stdout
+    counts = job_counts(out)
+    # 5 arms x 2 repeats, plus one interleaved drift baseline per block
+    assert counts["deploy_screen"] == 10
+    assert counts.get("deploy_drift", 0) == 1
+    assert counts["gate"] == 4
+    assert "deploy_confirm" not in counts and "select" not in counts
+
+
+def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_picks(workdir):
+    fake_screening(workdir)
+    out = sm(workdir, "-n", "-p", "results/selection/selection.json").stdout
+    assert job_counts(out) == {"select": 1}
+    cmd = next(line for line in out.splitlines() if "specstudy select" in line)
+    inputs = [p for p in re.findall(r"results/\S+\.json", cmd)
+              if not p.startswith("results/.config/") and p != "results/selection/selection.json"]
+    assert inputs and all(p.startswith("results/screen/") for p in inputs), inputs
+    assert "/confirm/" not in cmd
+
+    sm(workdir, "results/selection/selection.json")
+    selection = json.loads((workdir / "results/selection/selection.json").read_text())
+    assert selection["confirmation_arms"] == ["baseline", "draft-k2-tp1", "ngram-k2"]
+
+    out = sm(workdir, "-n", "confirm").stdout
+    counts = job_counts(out)
+    assert counts["deploy_confirm"] == 3 * 3      # baseline + 2 candidates, 3 repeats each
+    jobs = set(re.findall(r"results/confirm/([a-z0-9-]+)/rep\d+/deployment\.json", out))
+    assert jobs == {"baseline", "draft-k2-tp1", "ngram-k2"}
+
+    # asking for a cell of an unselected configuration fails before anything runs
+    proc = sm(workdir, "-n", "results/confirm/draft-k4-tp1/rep1/code/c1/summary.json", check=False)
+    assert proc.returncode != 0
+    assert "was not selected for confirmation" in proc.stdout + proc.stderr
+
+
+def test_selection_refuses_after_preregistration_changed(workdir):
+    fake_screening(workdir)
+    prereg = workdir / "config" / "preregistration.yaml"
+    prereg.write_text(prereg.read_text().replace("retain_within: 0.05", "retain_within: 0.20"))
+    proc = sm(workdir, "results/selection/selection.json", check=False)
+    assert proc.returncode != 0
+    log = (workdir / "results/logs/selection/selection.log").read_text()
+    assert "pre-registration changed since screening started" in log
+
+
+def test_one_cell_is_rerun_by_asking_for_its_path(workdir):
+    fake_screening(workdir)
+    cell = workdir / "results/screen/ngram-k2/rep2/code/c4/summary.json"
+    cell.unlink()
+    out = sm(workdir, "-n", "-p", "results/screen/ngram-k2/rep2/code/c4/summary.json").stdout
+    assert job_counts(out) == {"deploy_screen": 1}
+    assert "--out results/screen/ngram-k2/rep2 " in out
+    # everything else is up to date: the whole screen target needs only that deployment (+ its gate)
+    counts = job_counts(sm(workdir, "-n", "screen").stdout)
+    assert counts.get("deploy_screen") == 1 and "deploy_confirm" not in counts
