@@ -1,0 +1,655 @@
+"""The study report: Markdown + self-contained HTML (PNG plots referenced), recommendation and patch.
+
+``specstudy report --results results --tables results/tables --config <resolved config json> --out results/report``
+
+The report is built from the Parquet tables (:mod:`specstudy.tables`), a few raw JSON files
+(selection, corpora, capacity) and the resolved config. Every section works with missing pieces
+and says what is missing. Section meanings: docs/report.md.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+Block = tuple
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting helpers
+# ---------------------------------------------------------------------------------------------
+def _f(v: Any, fmt: str = "{:.3f}") -> str:
+    if v is None:
+        return "–"
+    try:
+        return fmt.format(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _ci(d: dict) -> str:
+    if not d or not d.get("n"):
+        return "–"
+    s = f"{_f(d['geomean'])}"
+    if d.get("ci_low") is not None:
+        s += f" [{_f(d['ci_low'])}, {_f(d['ci_high'])}]"
+    return s
+
+
+def _reps(d: dict) -> str:
+    return ", ".join(_f(v) for v in (d or {}).get("values", [])) or "–"
+
+
+def render_markdown(blocks: list[Block]) -> str:
+    out = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            out.append("#" * b[1] + " " + b[2] + "\n")
+        elif kind == "p":
+            out.append(b[1] + "\n")
+        elif kind == "ul":
+            out.append("".join(f"- {x}\n" for x in b[1]) if b[1] else "- (none)\n")
+        elif kind == "table":
+            headers, rows = b[1], b[2]
+            if not rows:
+                out.append("_(no rows)_\n")
+                continue
+            esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+            out.append("| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+                       + "".join("| " + " | ".join(r) + " |\n" for r in esc))
+        elif kind == "img":
+            out.append(f"![{b[2]}]({b[1]})\n")
+        elif kind == "pre":
+            out.append("```\n" + b[1].rstrip("\n") + "\n```\n")
+    return "\n".join(out)
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
+             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px}"
+             "th{background:#eee}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
+             "</style></head><body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            parts.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+        elif kind == "p":
+            parts.append(f"<p>{e(b[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in (b[1] or ["(none)"])) + "</ul>")
+        elif kind == "table":
+            if not b[2]:
+                parts.append("<p><em>(no rows)</em></p>")
+                continue
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in b[1]) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
+                         + "</table>")
+        elif kind == "img":
+            parts.append(f"<p><img src='{e(b[1])}' alt='{e(b[2])}'></p>")
+        elif kind == "pre":
+            parts.append(f"<pre>{e(b[1])}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw inputs besides the tables
+# ---------------------------------------------------------------------------------------------
+def _load(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def corpora(results: Path) -> list[dict]:
+    out = []
+    for p in sorted(results.glob("corpora/*/*/corpus.json")):
+        c = _load(p) or {}
+        out.append({"dir": p.parent, "corpus": c, "token_stats": _load(p.parent / "token_stats.json")})
+    return out
+
+
+def capacity_files(results: Path) -> list[Path]:
+    """Placeholder for the capacity section: the capacity summary files present (another module analyses them)."""
+    cdir = results / "capacity"
+    if not cdir.is_dir():
+        return []
+    return sorted(p for p in cdir.rglob("*.json") if p.is_file())
+
+
+def selection_check(selection: dict | None) -> dict:
+    """Did the selection use confirmation samples? Inspects every input path/phase it lists."""
+    if not selection:
+        return {"present": False, "used_confirmation": None, "inputs": []}
+    inputs = selection.get("inputs") or selection.get("input_files") or selection.get("summaries") or []
+    if isinstance(inputs, dict):
+        inputs = [f"{k}: {v}" for k, v in sorted(inputs.items())]
+    inputs = [i if isinstance(i, str) else json.dumps(i, sort_keys=True) for i in inputs]
+    used = any("/confirm/" in i or i.startswith("confirm/") or '"confirm"' in i for i in inputs)
+    used = used or selection.get("phase") == "confirm"
+    return {"present": True, "used_confirmation": used, "inputs": inputs,
+            "candidates": selection.get("candidates") or selection.get("selected") or []}
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots (matplotlib, Agg)
+# ---------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    from specstudy import atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    _plt().close(fig)
+    atomic.write_bytes(path, buf.getvalue())
+
+
+def plot_ratio(comps: list[dict], metric: str, path: Path, title: str) -> bool:
+    if not comps:
+        return False
+    plt = _plt()
+    workloads = sorted({c["workload"] for c in comps})
+    arms = sorted({c["arm"] for c in comps})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.5), squeeze=False, sharey=True)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        for i, arm in enumerate(arms):
+            cs = sorted((c for c in comps if c["workload"] == w and c["arm"] == arm and c[metric]["n"]),
+                        key=lambda c: c["concurrency"])
+            if not cs:
+                continue
+            x = [c["concurrency"] * (1 + 0.04 * (i - len(arms) / 2)) for c in cs]
+            y = [c[metric]["geomean"] for c in cs]
+            lo = [y_ - (c[metric]["ci_low"] or y_) for y_, c in zip(y, cs, strict=True)]
+            hi = [(c[metric]["ci_high"] or y_) - y_ for y_, c in zip(y, cs, strict=True)]
+            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=arm)
+            for xx, c in zip(x, cs, strict=True):
+                ax.scatter([xx] * len(c[metric]["values"]), c[metric]["values"], s=8, color="k", alpha=0.5)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(w)
+        ax.set_xlabel("concurrency")
+    axes[0][0].set_ylabel(f"{metric} (arm / baseline)")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, y=1.04)
+    _save(fig, path)
+    return True
+
+
+def plot_acceptance(rows: list[dict], path: Path) -> bool:
+    rows = [r for r in rows if r["acceptance_rate"] is not None]
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for arm in sorted({r["arm"] for r in rows}):
+        rr = [r for r in rows if r["arm"] == arm]
+        ax.scatter([r["acceptance_rate"] for r in rr], [r["speedup"] for r in rr], label=arm, s=14)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("acceptance rate")
+    ax.set_ylabel("speedup (deployment repeat)")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def plot_per_position(cells: list[dict], path: Path) -> bool:
+    import numpy as np
+
+    by_arm: dict[str, list[list[float]]] = {}
+    for c in cells:
+        pp = c.get("per_position_acceptance")
+        if pp and c.get("valid"):
+            by_arm.setdefault(c["arm"], []).append([v for v in pp if v is not None])
+    if not by_arm:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for arm, lists in sorted(by_arm.items()):
+        k = max(len(x) for x in lists)
+        mean = [float(np.mean([x[i] for x in lists if len(x) > i])) for i in range(k)]
+        ax.plot(range(1, k + 1), mean, marker="o", label=arm)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (mean over valid cells)")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+def plot_memory(mem_rows: list[dict], path: Path) -> bool:
+    rows = [r for r in mem_rows if r["kv_cache_tokens"] is not None]
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(4, len(rows)), 3.5))
+    ax.bar([r["arm"] for r in rows], [r["kv_cache_tokens"] for r in rows])
+    ax.set_ylabel("KV cache capacity (tokens, median)")
+    ax.tick_params(axis="x", rotation=30)
+    _save(fig, path)
+    return True
+
+
+def plot_latency(reqs, path: Path) -> bool:
+    if reqs is None or len(reqs) == 0:
+        return False
+    r = reqs[reqs["chosen"].fillna(False).astype(bool) & reqs["success"].fillna(False).astype(bool)]
+    if len(r) == 0:
+        return False
+    plt = _plt()
+    arms = sorted(r["arm"].unique())
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, col in zip(axes, ("ttft_ms", "tpot_ms"), strict=True):
+        data = [r.loc[r["arm"] == a, col].dropna().to_numpy() for a in arms]
+        ax.boxplot(data, showfliers=False)
+        ax.set_xticks(range(1, len(arms) + 1), arms, rotation=30, fontsize=7)
+        ax.set_ylabel(col)
+        ax.set_yscale("log")
+    fig.suptitle("per-request latency distributions (all workloads and concurrencies pooled)")
+    _save(fig, path)
+    return True
+
+
+def plot_drift(dr: dict, path: Path) -> bool:
+    pts = dr.get("points") or []
+    if not pts:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for node in sorted({str(p["node"]) for p in pts}):
+        pp = [p for p in pts if str(p["node"]) == node]
+        ax.scatter([p["x"] for p in pp], [p["resid"] for p in pp], s=12, label=f"node {node}")
+    if dr.get("slope_per_unit") is not None:
+        xs = sorted(p["x"] for p in pts)
+        mean_x = sum(xs) / len(xs)
+        ax.plot([xs[0], xs[-1]], [dr["slope_per_unit"] * (xs[0] - mean_x), dr["slope_per_unit"] * (xs[-1] - mean_x)],
+                color="k", lw=1)
+    ax.axhline(0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel(dr.get("x_unit", "time"))
+    ax.set_ylabel("baseline log throughput − series mean")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens")
+
+
+def _confounds_by_arm(deps: list[dict]) -> dict[tuple[str, str], dict]:
+    out: dict[tuple[str, str], dict] = {}
+    for d in deps:
+        if d.get("status") == "failed":
+            continue
+        cur = out.setdefault((d["phase"], d["arm"]), {k: set() for k in CONFOUND_COLS})
+        for k in CONFOUND_COLS:
+            cur[k].add(d.get(k))
+    return out
+
+
+def _fmt_set(vals: set) -> str:
+    vals = sorted((v for v in vals if v is not None), key=str)
+    if not vals:
+        return "unknown"
+    return " / ".join("disabled" if v is False else "enabled" if v is True else _f(v, "{:.0f}") for v in vals)
+
+
+def build(results: str | Path, tables_dir: str | Path, config: dict | None, out: str | Path) -> dict:
+    """Compute everything and write report.md, report.html, plots/, recommendation.json and patches."""
+    from specstudy import atomic, stats
+    from specstudy.tables import read_tables
+
+    results, out = Path(results), Path(out)
+    config = config or {}
+    s = stats.settings(config)
+    t = read_tables(tables_dir)
+    cells = stats._records(t["cells"])
+    deps = stats._records(t["deployments"])
+    gates = stats._records(t["gates"])
+    comps = stats.comparisons(t["cells"], config)
+    missing: list[str] = []
+    phases_present = sorted({c["phase"] for c in cells})
+    for ph in ("screen", "confirm"):
+        if ph not in phases_present:
+            missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
+    if not gates:
+        missing.append("no gate verdicts (results/gates/)")
+    rec = stats.recommend(comps, gates, config)
+    model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
+    hyps = stats.hypotheses(comps, t["deployments"], config, model)
+    dr = stats.drift(t["cells"], t["deployments"], comps, config)
+    mem = stats.memory_costs(t["deployments"])
+    sel_raw = _load(results / "selection" / "selection.json")
+    sel = selection_check(sel_raw)
+    if not sel["present"]:
+        missing.append("no selection (results/selection/selection.json)")
+    cap = capacity_files(results)
+    plots = out / "plots"
+    B: list[Block] = []
+    B.append(("h", 1, "Speculative decoding study report"))
+    B.append(("p", f"Built from {tables_dir} (tables rebuilt from raw artifacts under {results}). "
+                   f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
+    B.append(("h", 2, "Missing pieces"))
+    B.append(("ul", missing or ["nothing: all inputs present"]))
+
+    # --- recommendation
+    B.append(("h", 2, "Recommendation"))
+    patches = _recommendation_section(B, rec, deps, s, out)
+
+    # --- results tables
+    for phase in ("confirm", "screen"):
+        pc = [c for c in comps if c["phase"] == phase]
+        B.append(("h", 2, f"Results per workload × concurrency ({phase})"))
+        if not pc:
+            B.append(("p", f"No {phase} comparisons."))
+            continue
+        B.append(("p", "Speedup = arm output tokens/s ÷ baseline output tokens/s of the same rep (pairs by rep "
+                       f"index). Cells show geometric mean [{int(s['analysis']['confidence'] * 100)}% CI, "
+                       f"{s['analysis']['ci_method']}], median and each repeat; absolute values are medians."))
+        rows = []
+        for c in sorted(pc, key=lambda c: (c["workload"], c["concurrency"], c["arm"])):
+            ab = c["absolute"]
+            rows.append([c["workload"], c["concurrency"], c["arm"], _f(ab["base_otps"], "{:.1f}"),
+                         _f(ab["arm_otps"], "{:.1f}"), _ci(c["speedup"]), _f(c["speedup"]["median"]),
+                         _reps(c["speedup"]), _ci(c["tpot_ratio"]), _f(ab["base_tpot_ms"], "{:.2f}"),
+                         _f(ab["arm_tpot_ms"], "{:.2f}"), _ci(c["ttft_ratio"]), _f(ab["acceptance_rate"]),
+                         f"{c['speedup']['n']}/{c['n_excluded']}"])
+        B.append(("table", ["workload", "c", "arm", "base tok/s", "arm tok/s", "speedup gm [CI]", "median",
+                            "repeats", "TPOT ratio [CI]", "base TPOT ms", "arm TPOT ms", "TTFT ratio [CI]",
+                            "acceptance", "n/excluded"], rows))
+
+    # --- plots
+    B.append(("h", 2, "Plots"))
+    main_phase = rec["phase"] if any(c["phase"] == rec["phase"] for c in comps) else "screen"
+    mc = [c for c in comps if c["phase"] == main_phase]
+    mem_rows = _memory_rows(deps, mem)
+    plot_specs = [
+        ("speedup.png", f"speedup by workload × concurrency ({main_phase}) with CIs",
+         lambda p: plot_ratio(mc, "speedup", p, f"speedup ({main_phase})")),
+        ("tpot.png", f"TPOT change ({main_phase})", lambda p: plot_ratio(mc, "tpot_ratio", p, f"TPOT ratio ({main_phase})")),
+        ("acceptance_vs_speedup.png", "acceptance rate vs speedup",
+         lambda p: plot_acceptance(stats.effect_rows(comps), p)),
+        ("per_position.png", "per-position acceptance", lambda p: plot_per_position(cells, p)),
+        ("memory.png", "KV capacity per arm", lambda p: plot_memory(mem_rows, p)),
+        ("latency.png", "TTFT/TPOT distributions per arm", lambda p: plot_latency(t["requests"], p)),
+        ("drift.png", "baseline drift", lambda p: plot_drift(dr, p)),
+    ]
+    for name, alt, fn in plot_specs:
+        if fn(plots / name):
+            B.append(("img", f"plots/{name}", alt))
+        else:
+            B.append(("p", f"({alt}: no data)"))
+
+    _candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
+    _selection_section(B, sel)
+    _corpus_section(B, results)
+    _validity_section(B, cells, deps, comps)
+    _network_section(B, cells, dr)
+    _drift_section(B, dr)
+    _model_section(B, model)
+    B.append(("h", 2, "Hypotheses"))
+    B.append(("table", ["id", "statement", "verdict", "evidence", "reason"],
+              [[h["id"], h["statement"], h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
+    _method_section(B, s)
+    B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
+    if cap:
+        B.append(("p", "Capacity search outputs present (analysed by the capacity module):"))
+        B.append(("ul", [str(p.relative_to(results)) for p in cap]))
+    else:
+        B.append(("p", "Missing: no results/capacity/ (capacity search not run)."))
+
+    md = render_markdown(B)
+    atomic.write_text(out / "report.md", md)
+    atomic.write_text(out / "report.html", render_html(B, "specstudy report"))
+    summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
+               "selection": sel, "missing": missing, "patches": patches,
+               "model": model, "comparisons": comps, "memory_costs": mem}
+    atomic.write_json(out / "recommendation.json", summary)
+    return summary
+
+
+def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
+    import numpy as np
+
+    by: dict[str, list[dict]] = {}
+    for d in deps:
+        if d.get("status") != "failed":
+            by.setdefault(d["arm"], []).append(d)
+    rows = []
+    for arm, ds in sorted(by.items()):
+        kv = [d["kv_cache_tokens"] for d in ds if d.get("kv_cache_tokens") is not None]
+        init = [d["init_seconds"] for d in ds if d.get("init_seconds") is not None]
+        rows.append({"arm": arm, "kv_cache_tokens": float(np.median(kv)) if kv else None,
+                     "kv_lost": mem.get(arm), "init_s": float(np.median(init)) if init else None})
+    return rows
+
+
+def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
+    from specstudy import atomic, stats
+
+    r = s["recommendation"]
+    B.append(("p", f"Decision: {rec['decision']}" + (f" — enable {rec['enable']}" if rec.get("enable") else "")
+                   + f" (evaluated on the {rec['phase']} phase; min gain {r['min_gain']:.0%}, material "
+                     f"regression {r['max_regression']:.0%}; "
+                   + ("traffic routed by workload" if rec["route_by_workload"]
+                      else "single deployment: the declared traffic mixture is evaluated") + ")."))
+    if rec.get("missing"):
+        B.append(("ul", rec["missing"]))
+    rows = []
+    for c in rec["candidates"]:
+        if rec["route_by_workload"]:
+            detail = "; ".join(f"{w}: {'enable' if v['enable'] else 'no'} ({', '.join(v['statuses'])})"
+                               for w, v in c["workloads"].items())
+        else:
+            detail = "; ".join(f"mix@c{cc}: {m['status']} {_ci(m['speedup'])}" for cc, m in c["mixture"].items())
+        rows.append([c["arm"], c["gate_verdict"], "yes" if c.get("enable") else "no", detail,
+                     "; ".join(c["blockers"]) or "–"])
+    B.append(("table", ["candidate", "gate", "enable", "evidence", "blockers"], rows))
+    targets = ({w: a for w, a in rec["per_workload"].items() if a} if rec["route_by_workload"]
+               else ({"all": rec["enable"]} if rec.get("enable") else {}))
+    patches = {}
+    for label, arm in targets.items():
+        dep = next((d for d in deps if d["arm"] == arm and d.get("status") != "failed"
+                    and d.get("phase") == rec["phase"]), None) or next((d for d in deps if d["arm"] == arm), {})
+        spec = json.loads(dep["arm_spec"]) if dep.get("arm_spec") else None
+        cfg = stats.speculative_config(spec, dep.get("speculative_config"), r["draft_model"])
+        args, diff = stats.vllm_args_patch(list(r["launch_args"] or []), cfg)
+        name = "vllm-args.patch" if label == "all" else f"vllm-args-{label}.patch"
+        atomic.write_text(out / name, diff)
+        atomic.write_json(out / name.replace(".patch", ".json"), {"arm": arm, "workload": label, "args": args,
+                                                                  "speculative_config": cfg})
+        patches[label] = name
+        B.append(("p", f"Ready-to-apply patch of the launch arguments ({label}: {arm}) — {name}:"))
+        B.append(("pre", diff or "(no change)"))
+    if not targets:
+        B.append(("p", "No patch: nothing is recommended for enabling."))
+    if not r["launch_args"]:
+        B.append(("p", "Note: recommendation.launch_args is empty in the config; the patch only adds the "
+                       "speculative config line."))
+    return patches
+
+
+def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
+    B.append(("h", 2, "Candidates: where each wins or loses, cost, gate, confounds"))
+    gate_by = {(g["phase"], g["arm"]): g for g in gates}
+    conf = _confounds_by_arm(deps)
+    memr = {m["arm"]: m for m in mem_rows}
+    for c in rec["candidates"]:
+        arm = c["arm"]
+        B.append(("h", 3, arm))
+        wins = [k for k, v in c["status"].items() if v == "win"]
+        loses = [k for k, v in c["status"].items() if v == "regression"]
+        B.append(("ul", [f"wins (repeatable gain): {', '.join(wins) or 'none'}",
+                         f"loses (material regression): {', '.join(loses) or 'none'}",
+                         f"neutral/missing: {', '.join(k for k, v in c['status'].items() if v in ('neutral', 'missing')) or 'none'}",
+                         f"KV capacity: {_f((memr.get(arm) or {}).get('kv_cache_tokens'), '{:.0f}')} tokens; "
+                         f"lost vs baseline: {_f(mem.get(arm), '{:.1%}')}; "
+                         f"median init time {_f((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
+        g = gate_by.get((rec["phase"], arm)) or next((gg for (p, a), gg in gate_by.items() if a == arm), None)
+        if g:
+            B.append(("p", f"Gate ({g['phase']}): {g['verdict']}; reasons: {g.get('reason_codes') or 'none'}; "
+                           f"blocks recommendation: {g.get('blocks_recommendation')}."))
+            B.append(("p", f"Control's worst case: {g.get('control_worst') or 'unknown'}"))
+            B.append(("p", f"Treatment's worst case: {g.get('treatment_worst') or 'unknown'}"))
+        else:
+            B.append(("p", "Gate: missing (blocks the recommendation)."))
+    B.append(("h", 3, "Confounds of each arm side by side"))
+    rows = [[ph, arm] + [_fmt_set(v[k]) for k in CONFOUND_COLS] for (ph, arm), v in sorted(conf.items())]
+    B.append(("table", ["phase", "arm", "async scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens",
+                        "KV cache tokens"], rows))
+    pairs = []
+    for (ph, arm), v in sorted(conf.items()):
+        b = conf.get((ph, "baseline"))
+        if arm == "baseline" or not b:
+            continue
+        diffs = [k for k in CONFOUND_COLS if v[k] != b[k]]
+        pairs.append(f"{ph} {arm} vs baseline: differs in {', '.join(diffs) or 'nothing recorded'}")
+    B.append(("p", "Every comparison against its baseline (a difference here is part of the measured effect, "
+                   "not speculation alone):"))
+    B.append(("ul", pairs))
+
+
+def _selection_section(B, sel):
+    B.append(("h", 2, "Selection"))
+    if not sel["present"]:
+        B.append(("p", "Missing: results/selection/selection.json not found; no selection has run."))
+        return
+    B.append(("p", "Did the selection use the confirmation samples? "
+              + ("NO — every selection input comes from screening." if not sel["used_confirmation"]
+                 else "YES — the selection read confirmation data: the confirmation is NOT independent.")))
+    B.append(("p", f"Selected candidates: {', '.join(map(str, sel['candidates'])) or 'none'}. Selection inputs:"))
+    B.append(("ul", sel["inputs"] or ["(selection.json lists no inputs)"]))
+    B.append(("p", "Selection bias: the candidates were picked as the best of many screened arms, so their screening "
+                   "effects are biased upward (winner's curse). Only the confirmation phase, measured on fresh "
+                   "deployments after selection, is used for the recommendation."))
+
+
+def _corpus_section(B, results: Path):
+    B.append(("h", 2, "Workloads: licensing and token lengths"))
+    cs = corpora(results)
+    if not cs:
+        B.append(("p", "Missing: no results/corpora/*/*/corpus.json."))
+        return
+    for c in cs:
+        corp = c["corpus"]
+        B.append(("h", 3, f"{corp.get('name', '?')} {corp.get('version', '?')} (digest {corp.get('digest', '?')})"))
+        B.append(("table", ["source", "sha256", "license"],
+                  [[s.get("path"), s.get("sha256"), s.get("license") or "UNKNOWN"] for s in corp.get("sources") or []]))
+        ts = c["token_stats"]
+        if ts:
+            from specstudy.tables import flatten
+
+            flat = flatten(ts, "")
+            B.append(("table", ["statistic", "value"], [[k, _f(v, "{:.1f}")] for k, v in flat.items()]))
+        else:
+            B.append(("p", "Missing: token_stats.json."))
+
+
+def _validity_section(B, cells, deps, comps):
+    from specstudy import stats
+
+    B.append(("h", 2, "Validity"))
+    ex = stats.excluded_cells(cells)
+    B.append(("p", f"{len(ex)} of {len(cells)} cells are invalid and excluded; "
+                   f"{sum(c['n_excluded'] for c in comps)} arm repeats are excluded from comparisons "
+                   "(invalid arm or baseline cell, or no baseline repeat with the same rep)."))
+    B.append(("table", ["phase", "arm", "rep", "workload", "c", "deployment", "reasons"],
+              [[e["phase"], e["arm"], e["rep"], e["workload"], e["concurrency"], e["deployment_id"],
+                e["invalid_reasons"]] for e in ex]))
+    B.append(("h", 2, "Unservable configurations (deployment failures)"))
+    fails = [d for d in deps if d.get("status") == "failed"]
+    B.append(("table", ["phase", "arm", "rep", "deployment", "stage", "reason", "error excerpt"],
+              [[d["phase"], d["arm"], d["rep"], d["deployment_id"], d.get("failure_stage") or "–",
+                d.get("failure_reason") or "–", (d.get("failure_error_excerpt") or "–")[:200]] for d in fails]))
+
+
+def _network_section(B, cells, dr):
+    B.append(("h", 2, "Gateway/network effects and node-to-node variability"))
+    limited = [c for c in cells if c.get("loadgen_limited")]
+    B.append(("p", "TTFT and end-to-end latency are measured at the client and include the gateway/network path; "
+                   "TPOT and output tokens/s are dominated by the server. The client flagged itself as limited in "
+                   f"{len(limited)} cells (those are excluded). Baseline repeat-to-repeat variability (mean SD of "
+                   f"log throughput within a workload × concurrency series): {_f(dr.get('baseline_repeat_cv'), '{:.2%}')}."))
+    B.append(("table", ["node", "baseline cells", "mean deviation from series mean"],
+              [[n["node"], n["n"], _f(n["mean_resid_fraction"], "{:+.2%}")] for n in dr.get("nodes") or []]))
+
+
+def _drift_section(B, dr):
+    B.append(("h", 2, "Drift"))
+    if dr.get("detected") is None:
+        B.append(("p", f"Not estimable: {dr.get('note')}"))
+        return
+    B.append(("p", f"Baseline throughput trend over {dr['x_unit']}: {_f(dr['total_fraction'], '{:+.2%}')} over the "
+                   f"study span (p = {_f(dr['p_value'], '{:.3g}')}, n = {len(dr['points'])}). Drift detected: "
+                   f"{'YES' if dr['detected'] else 'no'}. Median |effect| of the comparisons: "
+                   f"{_f(dr.get('median_abs_effect_fraction'), '{:.2%}')}; drift/effect = {_f(dr.get('drift_to_effect'), '{:.2f}')}. "
+                   "Pairing arm and baseline by rep (interleaved blocks) removes drift between blocks."))
+
+
+def _model_section(B, model):
+    B.append(("h", 2, "Explanatory model"))
+    B.append(("p", model["label"] + ". Deployment-level effects; coefficients describe associations in the screened "
+                   "design and are not tests of the recommendation."))
+    if not model.get("fitted"):
+        B.append(("p", f"Not fitted: {model.get('note')}"))
+        return
+    B.append(("p", f"{model['formula']}; n = {model['n']}, R² = {model['r2']:.3f} (adj. {model['adj_r2']:.3f}); "
+                   f"acceptance alone R² = {model['acceptance_only']['r2']:.3f}."))
+    B.append(("table", ["term", "coef", "95% CI", "p"],
+              [[p["term"], _f(p["coef"], "{:.4f}"), f"[{_f(p['ci_low'], '{:.4f}')}, {_f(p['ci_high'], '{:.4f}')}]",
+                _f(p["p"], "{:.3g}")] for p in model["params"]]))
+
+
+def _method_section(B, s):
+    from specstudy import stats
+
+    a = s["analysis"]
+    B.append(("h", 2, "Statistical method"))
+    cov = {(n, m): stats.coverage_simulation(n, m, sims=300) for n in (3, 5) for m in ("t_log", "bootstrap_percentile")}
+    B.append(("p", "The independent unit is the deployment repeat. Arm repeat r is paired with the baseline repeat r "
+                   "of the same phase, workload and concurrency. Interval: "
+                   f"{a['ci_method']} at {a['confidence']:.0%} on the geometric mean of per-repeat ratios; the bootstrap "
+                   "(exact enumeration for n ≤ 6, BCa falling back to percentile) is shown in recommendation.json. "
+                   "Simulated coverage of a known effect (300 simulated studies, log-normal noise):"))
+    B.append(("table", ["repeats", "t interval on log ratios", "percentile bootstrap"],
+              [[n, _f(cov[(n, "t_log")], "{:.2f}"), _f(cov[(n, "bootstrap_percentile")], "{:.2f}")] for n in (3, 5)]))
+
+
+def _cmd_report(args) -> int:
+    config = {}
+    if args.config:
+        p = Path(args.config)
+        if not p.exists():
+            print(f"{p}: config file not found (pass the resolved config JSON written by the workflow)")
+            return 2
+        config = json.loads(p.read_text()) if p.suffix == ".json" else __import__("yaml").safe_load(p.read_text())
+    summary = build(args.results, args.tables, config, args.out)
+    rec = summary["recommendation"]
+    print(f"report: {Path(args.out) / 'report.md'}; decision: {rec['decision']} {rec.get('enable') or ''}".rstrip())
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="write the study report (Markdown + HTML + plots + recommendation)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--tables", default="results/tables")
+    p.add_argument("--config", default=None, help="resolved study config (JSON or YAML)")
+    p.add_argument("--out", default="results/report")
+    p.set_defaults(func=_cmd_report)

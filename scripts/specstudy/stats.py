@@ -1,0 +1,757 @@
+"""Deployment-level effects, confidence intervals, drift, explanatory model, hypotheses, recommendation.
+
+The independent unit is the *deployment repeat*: requests within one cell share a server, a node and
+a moment in time, so they are not independent samples of the effect. For every comparison
+(phase, arm, workload, concurrency) the arm's repeat ``r`` is paired with the baseline's repeat ``r``
+of the same phase, workload and concurrency (the plan interleaves arm and baseline deployments in
+blocks by repeat index, so pairing by ``rep`` removes block-to-block drift). A repeat without a valid
+partner is excluded and counted, never paired with another repeat.
+
+Per repeat: ``speedup = otps_arm / otps_base`` (output tokens per second), ``tpot_ratio`` and
+``ttft_ratio`` (arm / baseline of the cell p50). Summaries: median, min/max, IQR, geometric mean and a
+confidence interval of the geometric mean. The primary interval (``analysis.ci_method``, default
+``t_log``) is a Student-t interval on log ratios: with 2–5 repeats the percentile bootstrap
+under-covers badly (the bootstrap distribution of a mean of 3 values is too narrow by a factor
+≈ sqrt((n-1)/n) and ignores t quantiles), which ``coverage_simulation`` measures and the tests pin.
+The bootstrap (exact enumeration of all n^n resamples for n ≤ 6, BCa with fall-back to percentile
+when BCa is undefined) is reported alongside.
+
+Everything here takes plain pandas frames from :mod:`specstudy.tables` and returns plain dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from itertools import product
+from typing import Any
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "analysis": {
+        "confidence": 0.95,
+        "ci_method": "t_log",  # t_log | bootstrap_percentile | bootstrap_bca
+        "bootstrap_resamples": 9999,
+        "seed": 12345,
+        "drift_alpha": 0.05,
+        "drift_min_fraction": 0.02,
+        "hypothesis_phase": "screen",
+    },
+    "recommendation": {
+        "phase": "confirm",
+        "min_gain": 0.05,
+        "max_regression": 0.02,
+        "concurrencies": None,
+        "workloads": None,
+        "route_by_workload": False,
+        "traffic_mix": None,
+        "launch_args": [],
+        "draft_model": None,
+    },
+}
+
+DEFAULT_HYPOTHESES = [
+    {"id": "H1", "statement": "Speedup rises with acceptance rate, but acceptance alone does not predict it.",
+     "params": {"r2_alone_max": 0.8}},
+    {"id": "H2", "statement": "Code and summarization accept more and gain more than open chat.",
+     "params": {"high": ["code", "summarization"], "low": "chat", "min_share": 0.75}},
+    {"id": "H3", "statement": "The best speculation depth falls as concurrency rises.", "params": {}},
+    {"id": "H4", "statement": "Draft TP 1 beats draft TP 4 at the same depth.", "params": {}},
+    {"id": "H5", "statement": "N-gram is competitive on summarization at much lower memory.",
+     "params": {"workload": "summarization", "competitive_fraction": 0.9, "memory_factor": 0.5}},
+]
+
+METRICS = ("speedup", "tpot_ratio", "ttft_ratio")
+
+
+def settings(config: dict | None) -> dict:
+    """The analysis/recommendation settings: config values over :data:`DEFAULTS`; hypotheses list."""
+    config = config or {}
+    out = {}
+    for section, defaults in DEFAULTS.items():
+        given = config.get(section) or {}
+        out[section] = {k: given.get(k, v) for k, v in defaults.items()}
+    hyps = config.get("hypotheses")
+    out["hypotheses"] = hyps if isinstance(hyps, list) and hyps else DEFAULT_HYPOTHESES
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Intervals
+# ---------------------------------------------------------------------------------------------
+def t_log_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Student-t interval of the geometric mean of positive ratios (log scale, n-1 df)."""
+    import numpy as np
+    from scipy import stats as st
+
+    x = np.log(np.asarray(values, dtype=float))
+    n = len(x)
+    if n < 2:
+        return None
+    m, s = float(x.mean()), float(x.std(ddof=1))
+    h = float(st.t.ppf(0.5 + confidence / 2, n - 1)) * s / math.sqrt(n)
+    return math.exp(m - h), math.exp(m + h)
+
+
+@lru_cache(maxsize=8)
+def _all_resamples(n: int):
+    import numpy as np
+
+    return np.array(list(product(range(n), repeat=n)), dtype=np.int64)
+
+
+def _boot_means(x, resamples: int, seed: int):
+    import numpy as np
+
+    n = len(x)
+    if n <= 6:  # exact bootstrap: every one of the n^n equally likely resamples
+        idx = _all_resamples(n)
+    else:
+        idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    return x[idx].mean(axis=1)
+
+
+def bootstrap_interval(values, confidence: float = 0.95, method: str = "bca", resamples: int = 9999,
+                       seed: int = 12345) -> tuple[tuple[float, float] | None, str]:
+    """Bootstrap interval of the geometric mean; returns (interval, method actually used)."""
+    import numpy as np
+    from scipy import stats as st
+
+    x = np.log(np.asarray(values, dtype=float))
+    n = len(x)
+    if n < 2:
+        return None, "none"
+    boots = _boot_means(x, resamples, seed)
+    alpha = 1 - confidence
+    lo_q, hi_q = alpha / 2, 1 - alpha / 2
+    used = "percentile"
+    if method == "bca":
+        theta = x.mean()
+        prop = float(np.mean(boots < theta))
+        jack = np.array([np.delete(x, i).mean() for i in range(n)])
+        d = jack.mean() - jack
+        denom = 6 * (np.sum(d**2) ** 1.5)
+        if 0 < prop < 1 and denom > 0:
+            z0 = st.norm.ppf(prop)
+            a = float(np.sum(d**3) / denom)
+            za, zb = st.norm.ppf(lo_q), st.norm.ppf(hi_q)
+            lo_q = float(st.norm.cdf(z0 + (z0 + za) / (1 - a * (z0 + za))))
+            hi_q = float(st.norm.cdf(z0 + (z0 + zb) / (1 - a * (z0 + zb))))
+            used = "bca"
+        else:
+            used = "percentile (BCa undefined: degenerate bootstrap distribution)"
+    lo, hi = np.quantile(boots, [lo_q, hi_q])
+    return (math.exp(float(lo)), math.exp(float(hi))), used
+
+
+def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resamples: int = 9999,
+             seed: int = 12345) -> dict:
+    """Median, spread, geometric mean and CI of positive per-repeat ratios."""
+    import numpy as np
+
+    vals = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
+    n = len(vals)
+    out: dict[str, Any] = {"n": n, "values": vals, "median": None, "min": None, "max": None, "q1": None,
+                           "q3": None, "geomean": None, "ci_low": None, "ci_high": None, "ci_method": ci_method,
+                           "boot_low": None, "boot_high": None, "boot_method": None, "ci_note": ""}
+    if n == 0:
+        out["ci_note"] = "no valid repeats"
+        return out
+    a = np.asarray(vals)
+    q1, q3 = np.percentile(a, [25, 75])
+    out.update(median=float(np.median(a)), min=float(a.min()), max=float(a.max()), q1=float(q1), q3=float(q3),
+               geomean=float(np.exp(np.log(a).mean())))
+    if n < 2:
+        out["ci_note"] = "one repeat: no interval"
+        return out
+    t_ci = t_log_interval(a, confidence)
+    boot, used = bootstrap_interval(a, confidence, "bca" if ci_method != "bootstrap_percentile" else "percentile",
+                                    resamples, seed)
+    out["boot_low"], out["boot_high"] = boot if boot else (None, None)
+    out["boot_method"] = used
+    primary = t_ci if ci_method == "t_log" else boot
+    out["ci_low"], out["ci_high"] = primary if primary else (None, None)
+    if ci_method != "t_log":
+        out["ci_method"] = f"bootstrap ({used})"
+    if n < 5 and ci_method != "t_log":
+        out["ci_note"] = "bootstrap with < 5 repeats under-covers; see coverage simulation"
+    return out
+
+
+def coverage_simulation(n: int, method: str = "t_log", sims: int = 2000, sigma: float = 0.05,
+                        true_effect: float = 1.1, confidence: float = 0.95, seed: int = 7) -> float:
+    """Share of simulated studies (n log-normal repeats around ``true_effect``) whose interval covers it."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        vals = true_effect * np.exp(rng.normal(0.0, sigma, size=n))
+        if method == "t_log":
+            ci = t_log_interval(vals, confidence)
+        else:
+            ci, _ = bootstrap_interval(vals, confidence, "bca" if method == "bootstrap_bca" else "percentile")
+        if ci and ci[0] <= true_effect <= ci[1]:
+            hits += 1
+    return hits / sims
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons
+# ---------------------------------------------------------------------------------------------
+def _plain(v: Any) -> Any:
+    """numpy/pandas scalars and arrays as plain Python values (NaN/NA -> None)."""
+    if v is None or isinstance(v, str):
+        return v
+    if hasattr(v, "tolist") and not hasattr(v, "item") or type(v).__name__ == "ndarray":
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if type(v).__name__ in ("NAType", "NaTType"):
+        return None
+    return v
+
+
+def _records(df) -> list[dict]:
+    if df is None or len(df) == 0:
+        return []
+    if isinstance(df, list):
+        return [{k: _plain(v) for k, v in r.items()} for r in df]
+    return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def _ok(cell: dict, kind: str) -> bool:
+    if not cell.get("valid"):
+        return False
+    flag = cell.get("throughput_valid" if kind == "throughput" else "latency_valid")
+    return flag is not False
+
+
+def _ratio(a, b):
+    if a is None or b is None or not b or a <= 0 or b <= 0:
+        return None
+    return float(a) / float(b)
+
+
+def comparisons(cells, config: dict | None = None) -> list[dict]:
+    """Every (phase, arm, workload, concurrency) against the baseline of the same phase, paired by rep."""
+    s = settings(config)["analysis"]
+    recs = _records(cells)
+    base = {(r["phase"], r["workload"], r["concurrency"], r["rep"]): r for r in recs if r.get("arm") == "baseline"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        if r.get("arm") != "baseline":
+            groups.setdefault((r["phase"], r["arm"], r["workload"], r["concurrency"]), []).append(r)
+    out = []
+    for (phase, arm, workload, conc), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        repeats, excluded = [], []
+        for a in sorted(rows, key=lambda r: r["rep"]):
+            b = base.get((phase, workload, conc, a["rep"]))
+            if b is None:
+                excluded.append({"rep": a["rep"], "reason": "no baseline cell with the same rep (unpaired)"})
+                continue
+            bad = [f"{who}: {c.get('invalid_reasons') or 'invalid'}" for who, c in (("arm", a), ("baseline", b))
+                   if not c.get("valid")]
+            if bad:
+                excluded.append({"rep": a["rep"], "reason": "; ".join(bad)})
+                continue
+            thr = _ok(a, "throughput") and _ok(b, "throughput")
+            lat = _ok(a, "latency") and _ok(b, "latency")
+            repeats.append({
+                "rep": a["rep"],
+                "speedup": _ratio(a.get("output_tokens_per_second"), b.get("output_tokens_per_second")) if thr else None,
+                "tpot_ratio": _ratio(a.get("tpot_p50_ms"), b.get("tpot_p50_ms")) if thr else None,
+                "ttft_ratio": _ratio(a.get("ttft_p50_ms"), b.get("ttft_p50_ms")) if lat else None,
+                "arm_otps": a.get("output_tokens_per_second"), "base_otps": b.get("output_tokens_per_second"),
+                "arm_tpot_ms": a.get("tpot_p50_ms"), "base_tpot_ms": b.get("tpot_p50_ms"),
+                "arm_ttft_ms": a.get("ttft_p50_ms"), "base_ttft_ms": b.get("ttft_p50_ms"),
+                "acceptance_rate": a.get("acceptance_rate"),
+                "mean_acceptance_length": a.get("mean_acceptance_length"),
+                "arm_deployment": a.get("deployment_id"), "base_deployment": b.get("deployment_id"),
+            })
+        first = rows[0]
+        comp = {"phase": phase, "arm": arm, "method": first.get("method"),
+                "num_speculative_tokens": _opt_int(first.get("num_speculative_tokens")),
+                "draft_tensor_parallel_size": _opt_int(first.get("draft_tensor_parallel_size")),
+                "workload": workload, "concurrency": conc, "repeats": repeats, "excluded": excluded,
+                "n_excluded": len(excluded)}
+        for m in METRICS:
+            comp[m] = describe([r[m] for r in repeats], s["confidence"], s["ci_method"], s["bootstrap_resamples"],
+                               s["seed"])
+        comp["absolute"] = _absolute(repeats)
+        out.append(comp)
+    return out
+
+
+def _opt_int(v):
+    return None if v is None else int(v)
+
+
+def _median(vals):
+    import numpy as np
+
+    vals = [v for v in vals if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def _absolute(repeats: list[dict]) -> dict:
+    keys = ("arm_otps", "base_otps", "arm_tpot_ms", "base_tpot_ms", "arm_ttft_ms", "base_ttft_ms",
+            "acceptance_rate", "mean_acceptance_length")
+    return {k: _median([r.get(k) for r in repeats]) for k in keys}
+
+
+def excluded_cells(cells) -> list[dict]:
+    """Invalid cells with their reasons (every phase and arm, baselines included)."""
+    return [{k: r.get(k) for k in ("phase", "arm", "rep", "workload", "concurrency", "deployment_id",
+                                   "invalid_reasons", "invalid_details")}
+            for r in _records(cells) if not r.get("valid")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Drift and node-to-node variability
+# ---------------------------------------------------------------------------------------------
+def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict | None = None) -> dict:
+    """Baseline throughput over time: OLS of the per-series-demeaned log throughput on time."""
+    import numpy as np
+
+    s = settings(config)["analysis"]
+    recs = [r for r in _records(cells) if r.get("arm") == "baseline" and _ok(r, "throughput")
+            and (r.get("output_tokens_per_second") or 0) > 0]
+    host = {}
+    for d in _records(deployments):
+        if d.get("deployment_id"):
+            host[d["deployment_id"]] = d.get("hostname")
+    out: dict[str, Any] = {"n": len(recs), "detected": None, "points": [], "nodes": [], "note": ""}
+    if len(recs) < 3:
+        out["note"] = "fewer than 3 valid baseline cells: drift not estimable"
+        return out
+    series: dict[tuple, list[dict]] = {}
+    for r in recs:
+        series.setdefault((r["workload"], r["concurrency"]), []).append(r)
+    times = [r.get("started_unix") for r in recs]
+    use_time = all(t is not None for t in times)
+    t0 = min(times) if use_time else 0
+    pts = []
+    for (w, c), rows in series.items():
+        logs = np.log([r["output_tokens_per_second"] for r in rows])
+        for r, lv in zip(rows, logs, strict=True):
+            x = (r["started_unix"] - t0) / 3600 if use_time else (0 if r["phase"] == "screen" else 1000) + r["rep"]
+            pts.append({"x": float(x), "resid": float(lv - logs.mean()), "workload": w, "concurrency": c,
+                        "phase": r["phase"], "rep": r["rep"], "node": host.get(r.get("deployment_id")),
+                        "otps": r["output_tokens_per_second"], "n_series": len(rows)})
+    pts = [p for p in pts if p["n_series"] > 1]
+    out["points"] = pts
+    out["x_unit"] = "hours since first baseline cell" if use_time else "block (rep index; confirm offset 1000)"
+    resid_sd = [np.std([p["resid"] for p in pts if (p["workload"], p["concurrency"]) == k], ddof=1)
+                for k in series if len(series[k]) > 1]
+    out["baseline_repeat_cv"] = float(np.mean(resid_sd)) if resid_sd else None
+    if len(pts) < 3 or len({p["x"] for p in pts}) < 2:
+        out["note"] = "baseline repeats do not span time: drift not estimable"
+        return out
+    from scipy import stats as st
+
+    x = np.array([p["x"] for p in pts])
+    y = np.array([p["resid"] for p in pts])
+    lr = st.linregress(x, y)
+    span = float(x.max() - x.min())
+    total = math.exp(lr.slope * span) - 1
+    effects = [abs(math.log(c["speedup"]["median"])) for c in (comps or []) if c["speedup"]["median"]]
+    med_eff = math.exp(float(np.median(effects))) - 1 if effects else None
+    out.update(slope_per_unit=float(lr.slope), p_value=float(lr.pvalue), span=span, total_fraction=total,
+               detected=bool(lr.pvalue < s["drift_alpha"] and abs(total) > s["drift_min_fraction"]),
+               median_abs_effect_fraction=med_eff,
+               drift_to_effect=(abs(total) / med_eff) if med_eff else None)
+    by_node: dict[str, list[float]] = {}
+    for p in pts:
+        by_node.setdefault(p["node"] or "unknown", []).append(p["resid"])
+    out["nodes"] = [{"node": k, "n": len(v), "mean_resid_fraction": math.exp(float(np.mean(v))) - 1}
+                    for k, v in sorted(by_node.items())]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Explanatory model (not confirmatory)
+# ---------------------------------------------------------------------------------------------
+def effect_rows(comps: list[dict]) -> list[dict]:
+    """One row per (comparison, repeat) with a speedup: the deployment-level effects."""
+    rows = []
+    for c in comps:
+        for r in c["repeats"]:
+            if r["speedup"]:
+                rows.append({"phase": c["phase"], "arm": c["arm"], "method": c["method"],
+                             "k": c["num_speculative_tokens"], "draft_tp": c["draft_tensor_parallel_size"] or 0,
+                             "workload": c["workload"], "concurrency": c["concurrency"], "rep": r["rep"],
+                             "log_speedup": math.log(r["speedup"]), "speedup": r["speedup"],
+                             "acceptance_rate": r["acceptance_rate"]})
+    return rows
+
+
+def explanatory_model(comps: list[dict]) -> dict:
+    """OLS of log speedup on acceptance, depth, draft TP, workload, concurrency, acceptance×concurrency."""
+    import numpy as np
+    import pandas as pd
+
+    label = "EXPLANATORY model (describes the screened factorial; not a confirmatory test)"
+    rows = [r for r in effect_rows(comps) if r["acceptance_rate"] is not None]
+    out: dict[str, Any] = {"label": label, "n": len(rows), "fitted": False, "params": [], "note": ""}
+    if len(rows) < 4:
+        out["note"] = f"{len(rows)} deployment-level effects with an acceptance rate: too few to fit"
+        return out
+    df = pd.DataFrame(rows)
+    df["log2c"] = np.log2(df["concurrency"].astype(float))
+    terms = ["acceptance_rate"]
+    for col, term in (("k", "k"), ("workload", "C(workload)"), ("method", "C(method)")):
+        if df[col].nunique() > 1:
+            terms.append(term)
+    if df.loc[df["method"] == "draft_model", "draft_tp"].nunique() > 1:  # else collinear with method
+        terms.append("C(draft_tp)")
+    if df["log2c"].nunique() > 1:
+        terms += ["log2c", "acceptance_rate:log2c"]
+    formula = "log_speedup ~ " + " + ".join(terms)
+    out["formula"] = formula
+    import statsmodels.formula.api as smf
+
+    try:
+        fit = smf.ols(formula, data=df).fit()
+    except Exception as exc:  # singular design etc.
+        out["note"] = f"fit failed: {exc}"
+        return out
+    if fit.df_resid < 1:
+        out["note"] = f"saturated design (n={len(df)}, parameters={len(fit.params)}): not fitted"
+        return out
+    ci = fit.conf_int()
+    out.update(fitted=True, r2=float(fit.rsquared), adj_r2=float(fit.rsquared_adj), df_resid=float(fit.df_resid),
+               params=[{"term": t, "coef": float(fit.params[t]), "ci_low": float(ci.loc[t, 0]),
+                        "ci_high": float(ci.loc[t, 1]), "p": float(fit.pvalues[t])} for t in fit.params.index])
+    alone = smf.ols("log_speedup ~ acceptance_rate", data=df).fit()
+    out["acceptance_only"] = {"r2": float(alone.rsquared), "coef": float(alone.params["acceptance_rate"]),
+                              "ci_low": float(alone.conf_int().loc["acceptance_rate", 0]),
+                              "ci_high": float(alone.conf_int().loc["acceptance_rate", 1])}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Hypotheses
+# ---------------------------------------------------------------------------------------------
+def _verdict(v: str, evidence: str, reason: str = "") -> dict:
+    return {"verdict": v, "evidence": evidence, "reason": reason}
+
+
+def _h1(comps, deployments, params, model):
+    rows = [r for r in effect_rows(comps) if r["acceptance_rate"] is not None]
+    if len(rows) < 4 or len({round(r["acceptance_rate"], 6) for r in rows}) < 3:
+        return _verdict("untestable", f"{len(rows)} effects with acceptance", "too few effects or no spread in acceptance")
+    from scipy import stats as st
+
+    rho, p = st.spearmanr([r["acceptance_rate"] for r in rows], [r["log_speedup"] for r in rows])
+    alone = (model or {}).get("acceptance_only") or {}
+    r2 = alone.get("r2")
+    rises = rho > 0 and p < 0.05
+    not_alone = r2 is not None and r2 < params.get("r2_alone_max", 0.8)
+    ev = (f"Spearman rho(acceptance, log speedup) = {rho:.2f} (p = {p:.3g}, n = {len(rows)}); "
+          f"R² of acceptance alone = {r2:.2f}" if r2 is not None else f"rho = {rho:.2f}, p = {p:.3g}; no model")
+    if model and model.get("fitted"):
+        ev += f"; full explanatory model R² = {model['r2']:.2f}"
+    return _verdict("supported" if rises and not_alone else "not supported", ev)
+
+
+def _h2(comps, deployments, params, model):
+    high, low = params.get("high", ["code", "summarization"]), params.get("low", "chat")
+    idx = {(c["arm"], c["workload"], c["concurrency"]): c for c in comps}
+    checks = []
+    for (arm, w, conc), c in idx.items():
+        if w not in high:
+            continue
+        o = idx.get((arm, low, conc))
+        if not o or c["speedup"]["median"] is None or o["speedup"]["median"] is None:
+            continue
+        acc_a, acc_o = c["absolute"]["acceptance_rate"], o["absolute"]["acceptance_rate"]
+        if acc_a is None or acc_o is None:
+            continue
+        checks.append((acc_a > acc_o) and (c["speedup"]["median"] > o["speedup"]["median"]))
+    if not checks:
+        return _verdict("untestable", "", f"no arm measured on both {high} and {low!r} with acceptance data")
+    share = sum(checks) / len(checks)
+    ev = f"{sum(checks)}/{len(checks)} (arm, workload, concurrency) pairs: higher acceptance AND higher median speedup than {low}"
+    return _verdict("supported" if share >= params.get("min_share", 0.75) else "not supported", ev)
+
+
+def _h3(comps, deployments, params, model):
+    series: dict[tuple, dict[int, dict[int, float]]] = {}
+    for c in comps:
+        if c["num_speculative_tokens"] is None or c["speedup"]["median"] is None:
+            continue
+        key = (c["method"], c["draft_tensor_parallel_size"], c["workload"])
+        series.setdefault(key, {}).setdefault(c["concurrency"], {})[c["num_speculative_tokens"]] = c["speedup"]["median"]
+    results = []
+    for key, by_c in sorted(series.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        concs = sorted(c for c in by_c if len(by_c[c]) > 1)
+        if len(concs) < 2:
+            continue
+        best = [max(by_c[c], key=by_c[c].get) for c in concs]
+        nonincreasing = all(b2 <= b1 for b1, b2 in zip(best, best[1:], strict=False))
+        results.append((key, concs, best, nonincreasing and best[-1] < best[0]))
+    if not results:
+        return _verdict("untestable", "", "needs >= 2 depths at >= 2 concurrencies for one method and workload")
+    ev = "; ".join(f"{k[0]}/{k[2]}: best k {b} at c {cs}" for k, cs, b, _ in results)
+    share = sum(r[3] for r in results) / len(results)
+    return _verdict("supported" if share >= 0.5 else "not supported", ev)
+
+
+def _h4(comps, deployments, params, model):
+    tps = {c["draft_tensor_parallel_size"] for c in comps if c["method"] == "draft_model" and c["speedup"]["median"]}
+    fails = [d for d in _records(deployments) if d.get("method") == "draft_model" and d.get("status") == "failed"]
+    if {1, 4} <= tps:
+        idx = {(c["num_speculative_tokens"], c["draft_tensor_parallel_size"], c["workload"], c["concurrency"]):
+               c["speedup"]["median"] for c in comps if c["method"] == "draft_model" and c["speedup"]["median"]}
+        wins = [idx[(k, 1, w, cc)] > idx[(k, 4, w, cc)] for (k, tp, w, cc) in idx if tp == 1 and (k, 4, w, cc) in idx]
+        if not wins:
+            return _verdict("untestable", "", "no depth measured with both draft TP 1 and 4")
+        ev = f"TP1 faster than TP4 in {sum(wins)}/{len(wins)} matched cells"
+        return _verdict("supported" if sum(wins) / len(wins) >= 0.75 else "not supported", ev)
+    tp_fail = [d for d in fails if (d.get("draft_tensor_parallel_size") or 0) != 4]
+    reason = "draft TP 1 and 4 not both measured"
+    if tp_fail:
+        d = tp_fail[0]
+        reason = (f"the engine refused draft TP != target TP (deployment {d.get('deployment_id')}: "
+                  f"{d.get('failure_stage') or '?'}: {d.get('failure_reason') or d.get('failure_error_excerpt') or '?'})")
+    return _verdict("untestable", f"measured draft TPs: {sorted(t for t in tps if t is not None)}", reason)
+
+
+def _h5(comps, deployments, params, model):
+    w = params.get("workload", "summarization")
+    by_c: dict[int, dict[str, float]] = {}
+    for c in comps:
+        if c["workload"] == w and c["speedup"]["median"]:
+            d = by_c.setdefault(c["concurrency"], {})
+            key = "ngram" if c["method"] == "ngram" else "draft" if c["method"] == "draft_model" else None
+            if key:
+                d[key] = max(d.get(key, 0), c["speedup"]["median"])
+    pairs = [(cc, d["ngram"], d["draft"]) for cc, d in sorted(by_c.items()) if "ngram" in d and "draft" in d]
+    mem = memory_costs(deployments)
+    ng = [v for a, v in mem.items() if a.startswith("ngram")]
+    dr = [v for a, v in mem.items() if a.startswith("draft")]
+    if not pairs:
+        return _verdict("untestable", "", f"n-gram and draft arms not both measured on {w!r}")
+    if not ng or not dr:
+        return _verdict("untestable", "", "KV-cache capacity missing for n-gram or draft deployments")
+    frac = params.get("competitive_fraction", 0.9)
+    competitive = sum(n >= frac * d for _, n, d in pairs) / len(pairs) >= 0.5
+    ng_cost, dr_cost = min(ng), min(dr)
+    lower = ng_cost <= params.get("memory_factor", 0.5) * dr_cost if dr_cost > 0 else False
+    ev = (f"best n-gram vs best draft median speedup on {w}: "
+          + ", ".join(f"c{cc}: {n:.3f} vs {d:.3f}" for cc, n, d in pairs)
+          + f"; KV capacity lost vs baseline: n-gram {ng_cost:.1%}, draft {dr_cost:.1%}")
+    return _verdict("supported" if competitive and lower else "not supported", ev)
+
+
+HYPOTHESIS_EVALUATORS = {"H1": _h1, "H2": _h2, "H3": _h3, "H4": _h4, "H5": _h5}
+
+
+def memory_costs(deployments) -> dict[str, float]:
+    """Share of the baseline's KV-cache capacity (tokens) each arm loses (median over deployments)."""
+    import numpy as np
+
+    kv: dict[str, list[float]] = {}
+    for d in _records(deployments):
+        if d.get("kv_cache_tokens") and d.get("status") != "failed":
+            kv.setdefault(d["arm"], []).append(d["kv_cache_tokens"])
+    if "baseline" not in kv:
+        return {}
+    b = float(np.median(kv["baseline"]))
+    return {a: 1 - float(np.median(v)) / b for a, v in kv.items() if a != "baseline"}
+
+
+def hypotheses(comps: list[dict], deployments, config: dict | None = None, model: dict | None = None) -> list[dict]:
+    s = settings(config)
+    phase = s["analysis"]["hypothesis_phase"]
+    use = [c for c in comps if c["phase"] == phase] or comps
+    out = []
+    for h in s["hypotheses"]:
+        fn = HYPOTHESIS_EVALUATORS.get(h.get("id"))
+        base = {"id": h.get("id"), "statement": h.get("statement", ""), "phase_used": phase if use else None}
+        if fn is None:
+            out.append(dict(base, **_verdict("untestable", "", "no evaluator for this hypothesis id")))
+            continue
+        out.append(dict(base, **fn(use, deployments, h.get("params") or {}, model)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Recommendation (pure)
+# ---------------------------------------------------------------------------------------------
+def cell_status(comp: dict, min_gain: float, max_regression: float) -> str:
+    """``win`` (repeatable gain), ``regression`` (material loss), ``neutral`` or ``missing``."""
+    sp = comp["speedup"]
+    if not sp["n"]:
+        return "missing"
+    if sp["median"] < 1 - max_regression:
+        return "regression"
+    if sp["ci_low"] is not None and sp["ci_low"] > 1 + min_gain and all(v > 1 for v in sp["values"]):
+        return "win"
+    return "neutral"
+
+
+def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[float]:
+    """Per-repeat mixture speedup: sum(w/otps_base) / sum(w/otps_arm) (weights = output-token shares)."""
+    reps = None
+    per_w = {}
+    for w in weights:
+        c = comps_by_w.get(w)
+        if c is None:
+            return []
+        per_w[w] = {r["rep"]: r for r in c["repeats"] if r["speedup"]}
+        reps = set(per_w[w]) if reps is None else reps & set(per_w[w])
+    out = []
+    for rep in sorted(reps or []):
+        tb = sum(wt / per_w[w][rep]["base_otps"] for w, wt in weights.items())
+        ta = sum(wt / per_w[w][rep]["arm_otps"] for w, wt in weights.items())
+        out.append(tb / ta)
+    return out
+
+
+def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) -> dict:
+    """Decide which speculative setting (if any) to enable; a pure function of its inputs.
+
+    A candidate is enabled only with a gate verdict ``pass``, a repeatable gain (CI lower bound of
+    the speedup > 1 + min_gain and every repeat > 1) on at least one declared workload (or on the
+    declared traffic mixture when traffic cannot be routed by workload) and no material regression
+    (median speedup < 1 - max_regression) on any declared workload at any operating concurrency.
+    """
+    s = settings(config)
+    r, a = s["recommendation"], s["analysis"]
+    phase = r["phase"]
+    use = [c for c in comps if c["phase"] == phase]
+    workloads = r["workloads"] or sorted({c["workload"] for c in use})
+    concs = r["concurrencies"] or sorted({c["concurrency"] for c in use})
+    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") in (phase, None)}
+    for g in gates:  # a gate of another phase is the fall-back
+        gate_by_arm.setdefault(g["arm"], g)
+    out: dict[str, Any] = {"phase": phase, "workloads": workloads, "concurrencies": concs,
+                           "route_by_workload": bool(r["route_by_workload"]), "min_gain": r["min_gain"],
+                           "max_regression": r["max_regression"], "candidates": [], "decision": "do_not_enable",
+                           "enable": None, "per_workload": {}, "missing": []}
+    if not use:
+        out["decision"] = "insufficient_evidence"
+        out["missing"].append(f"no {phase} comparisons (has the {phase} phase run?)")
+        return out
+    arms = sorted({c["arm"] for c in use})
+    weights = r["traffic_mix"] or {w: 1.0 for w in workloads}
+    total = sum(weights.values()) or 1.0
+    weights = {w: v / total for w, v in weights.items() if v}
+    for arm in arms:
+        mine = {(c["workload"], c["concurrency"]): c for c in use if c["arm"] == arm}
+        statuses = {f"{w}@c{cc}": cell_status(mine[(w, cc)], r["min_gain"], r["max_regression"])
+                    if (w, cc) in mine else "missing" for w in workloads for cc in concs}
+        gate = gate_by_arm.get(arm)
+        verdict = gate.get("verdict") if gate else "missing"
+        blockers = []
+        if verdict != "pass":
+            blockers.append(f"gate verdict {verdict}")
+        cand: dict[str, Any] = {"arm": arm, "gate_verdict": verdict, "status": statuses, "blockers": blockers}
+        if r["route_by_workload"]:
+            cand["workloads"] = {}
+            for w in workloads:
+                st = [statuses[f"{w}@c{cc}"] for cc in concs]
+                ok = not blockers and "win" in st and "regression" not in st and "missing" not in st
+                lows = [mine[(w, cc)]["speedup"]["ci_low"] or 0 for cc in concs if (w, cc) in mine]
+                cand["workloads"][w] = {"enable": ok, "statuses": st, "score": min(lows) if lows else None}
+            cand["enable"] = any(v["enable"] for v in cand["workloads"].values())
+        else:
+            mix = {}
+            for cc in concs:
+                by_w = {w: mine.get((w, cc)) for w in weights}
+                vals = _mixture(by_w, weights)
+                d = describe(vals, a["confidence"], a["ci_method"], a["bootstrap_resamples"], a["seed"])
+                mix[cc] = {"speedup": d, "status": cell_status({"speedup": d}, r["min_gain"], r["max_regression"])}
+            cand["mixture"] = mix
+            regress = [k for k, v in statuses.items() if v == "regression"]
+            missing = [k for k, v in statuses.items() if v == "missing"]
+            mix_st = [m["status"] for m in mix.values()]
+            if regress:
+                blockers.append("material regression on " + ", ".join(regress))
+            if missing:
+                blockers.append("no valid data for " + ", ".join(missing))
+            if "regression" in mix_st or "missing" in mix_st:
+                blockers.append("traffic mixture regresses or is missing at some concurrency")
+            if "win" not in mix_st:
+                blockers.append("no repeatable gain on the traffic mixture")
+            lows = [m["speedup"]["ci_low"] or 0 for m in mix.values()]
+            cand["score"] = min(lows) if lows else None
+            cand["enable"] = not blockers
+        out["candidates"].append(cand)
+    if r["route_by_workload"]:
+        for w in workloads:
+            ok = [c for c in out["candidates"] if c["workloads"][w]["enable"]]
+            best = max(ok, key=lambda c: c["workloads"][w]["score"] or 0) if ok else None
+            out["per_workload"][w] = best["arm"] if best else None
+        out["decision"] = "enable_per_workload" if any(out["per_workload"].values()) else "do_not_enable"
+    else:
+        ok = [c for c in out["candidates"] if c["enable"]]
+        if ok:
+            best = max(ok, key=lambda c: c["score"] or 0)
+            out["decision"], out["enable"] = "enable", best["arm"]
+    return out
+
+
+def speculative_config(arm_spec: dict | None, recorded: str | None = None, draft_model: str | None = None) -> dict:
+    """The ``--speculative-config`` object for an arm (the deployment's recorded value wins)."""
+    import json
+
+    if recorded:
+        try:
+            cfg = json.loads(recorded)
+        except (TypeError, ValueError):
+            cfg = None
+        if isinstance(cfg, dict):
+            if draft_model and "model" in cfg:
+                cfg["model"] = draft_model
+            return cfg
+    spec = arm_spec or {}
+    cfg = {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
+    if spec.get("method") == "draft_model":
+        cfg["model"] = draft_model or spec.get("model") or "<draft model path>"
+        cfg["draft_tensor_parallel_size"] = spec.get("draft_tensor_parallel_size")
+    elif spec.get("method") == "ngram":
+        for k in ("prompt_lookup_min", "prompt_lookup_max"):
+            if spec.get(k) is not None:
+                cfg[k] = spec[k]
+    return cfg
+
+
+def vllm_args_patch(launch_args: list[str], spec_cfg: dict, label: str = "vllm-args") -> tuple[list[str], str]:
+    """New argument list with ``--speculative-config '<json>'`` set, and a unified diff (one arg per line)."""
+    import difflib
+    import json
+    import shlex
+
+    value = json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))
+    new, skip = [], False
+    for i, arg in enumerate(launch_args):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("--speculative-config=") or arg.startswith("--speculative_config="):
+            continue
+        if arg in ("--speculative-config", "--speculative_config"):
+            skip = i + 1 < len(launch_args)
+            continue
+        new.append(arg)
+    new += ["--speculative-config", value]
+
+    def lines(args):
+        out, i = [], 0
+        while i < len(args):
+            if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                out.append(f"{args[i]} {shlex.quote(args[i + 1])}\n")
+                i += 2
+            else:
+                out.append(shlex.quote(args[i]) + "\n")
+                i += 1
+        return out
+
+    diff = "".join(difflib.unified_diff(lines(launch_args), lines(new), f"a/{label}", f"b/{label}"))
+    return new, diff

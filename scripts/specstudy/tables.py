@@ -1,0 +1,734 @@
+"""Parquet tables rebuilt from raw result artifacts alone.
+
+``specstudy tables --results results --out results/tables`` reads every ``deployment.json``, cell
+``summary.json``, ``attempts/*/<workload>/c<c>/requests.jsonl``, ``gates/<phase>/<arm>.json`` and
+``deployment-failures/**`` record and writes ``requests.parquet``, ``cells.parquet``,
+``deployments.parquet`` and ``gates.parquet``.
+
+The output is deterministic: rows are sorted by their keys, the column order is fixed (declared core
+columns first, then any extra flattened fields in sorted order), no timestamps go into the metadata,
+so deleting ``results/tables/`` and rebuilding gives the same bytes.
+
+All access to fields of result records happens in this module (the ``*_row`` functions below): the
+record shapes are still being finalized, so every field is read with ``.get`` and a documented
+default. Statistics and the report only ever read the tables.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+PHASES = ("screen", "confirm")
+ARM_RE = re.compile(r"^(baseline|draft-k\d+-tp\d+|ngram-k\d+)$")
+REP_RE = re.compile(r"^rep(\d+)$")
+CONC_RE = re.compile(r"^c(\d+)$")
+WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+TABLE_NAMES = ("requests", "cells", "deployments", "gates")
+
+# ---------------------------------------------------------------------------------------------
+# Core columns per table: (name, arrow type name). Extra flattened fields follow in sorted order.
+# ---------------------------------------------------------------------------------------------
+KEY_COLUMNS = [
+    ("phase", "string"),
+    ("arm", "string"),
+    ("method", "string"),
+    ("num_speculative_tokens", "int64"),
+    ("draft_tensor_parallel_size", "int64"),
+    ("rep", "int64"),
+]
+
+CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "requests": KEY_COLUMNS
+    + [
+        ("workload", "string"),
+        ("concurrency", "int64"),
+        ("deployment_id", "string"),
+        ("chosen", "bool"),
+        ("request_index", "int64"),
+        ("prompt_id", "string"),
+        ("scheduled_s", "float64"),
+        ("start_s", "float64"),
+        ("end_s", "float64"),
+        ("start_unix", "float64"),
+        ("ttft_ms", "float64"),
+        ("e2e_ms", "float64"),
+        ("tpot_ms", "float64"),
+        ("completion_tokens", "int64"),
+        ("prompt_tokens", "int64"),
+        ("usage_present", "bool"),
+        ("finish_reason", "string"),
+        ("status_code", "int64"),
+        ("error", "string"),
+        ("success", "bool"),
+        ("n_content_events", "int64"),
+        ("stream_event_gaps_ms", "list<float64>"),
+        ("tokens_per_event", "list<int64>"),
+        ("output_sha256", "string"),
+        ("output_chars", "int64"),
+    ],
+    "cells": KEY_COLUMNS
+    + [
+        ("workload", "string"),
+        ("concurrency", "int64"),
+        ("deployment_id", "string"),
+        ("fingerprint", "string"),
+        ("corpus_name", "string"),
+        ("corpus_version", "string"),
+        ("corpus_digest", "string"),
+        ("valid", "bool"),
+        ("throughput_valid", "bool"),
+        ("latency_valid", "bool"),
+        ("invalid_reasons", "string"),
+        ("invalid_details", "string"),
+        ("requests_attempted", "int64"),
+        ("requests_successful", "int64"),
+        ("requests_failed", "int64"),
+        ("success_rate", "float64"),
+        ("missing_usage", "int64"),
+        ("prompt_tokens", "int64"),
+        ("completion_tokens", "int64"),
+        ("output_tokens_per_second", "float64"),
+        ("wall_seconds", "float64"),
+        ("ttft_p50_ms", "float64"),
+        ("ttft_p95_ms", "float64"),
+        ("ttft_mean_ms", "float64"),
+        ("tpot_p50_ms", "float64"),
+        ("tpot_p95_ms", "float64"),
+        ("tpot_mean_ms", "float64"),
+        ("e2e_p50_ms", "float64"),
+        ("e2e_p95_ms", "float64"),
+        ("spec_enabled", "bool"),
+        ("acceptance_rate", "float64"),
+        ("mean_acceptance_length", "float64"),
+        ("draft_tokens", "float64"),
+        ("accepted_tokens", "float64"),
+        ("per_position_acceptance", "list<float64>"),
+        ("loadgen_limited", "bool"),
+        ("started_at", "string"),
+        ("ended_at", "string"),
+        ("started_unix", "float64"),
+    ],
+    "deployments": KEY_COLUMNS
+    + [
+        ("deployment_id", "string"),
+        ("source", "string"),
+        ("status", "string"),
+        ("failure_stage", "string"),
+        ("failure_reason", "string"),
+        ("failure_error_excerpt", "string"),
+        ("failure_log", "string"),
+        ("arm_spec", "string"),
+        ("command", "string"),
+        ("speculative_config", "string"),
+        ("hostname", "string"),
+        ("kv_cache_tokens", "float64"),
+        ("init_seconds", "float64"),
+        ("async_scheduling", "bool"),
+        ("max_num_batched_tokens", "float64"),
+        ("max_num_scheduled_tokens", "float64"),
+        ("n_cells", "int64"),
+        ("n_cells_ok", "int64"),
+        ("time_start", "string"),
+        ("time_ready", "string"),
+        ("time_stop", "string"),
+        ("start_unix", "float64"),
+    ],
+    "gates": [
+        ("phase", "string"),
+        ("arm", "string"),
+        ("verdict", "string"),
+        ("blocks_recommendation", "bool"),
+        ("reason_codes", "string"),
+        ("reasons", "string"),
+        ("claim", "string"),
+        ("control_kind", "string"),
+        ("control_arm", "string"),
+        ("control_worst", "string"),
+        ("treatment_worst", "string"),
+        ("detail", "string"),
+    ],
+}
+
+SORT_KEYS = {
+    "requests": ["phase", "arm", "rep", "workload", "concurrency", "deployment_id", "request_index"],
+    "cells": ["phase", "arm", "rep", "workload", "concurrency", "deployment_id"],
+    "deployments": ["phase", "arm", "rep", "deployment_id", "source"],
+    "gates": ["phase", "arm"],
+}
+
+
+class TablesError(ValueError):
+    """A raw artifact cannot be turned into a table row; the message names file, field and fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Defensive field access (the only place that knows record shapes)
+# ---------------------------------------------------------------------------------------------
+def dig(obj: Any, *path: str, default: Any = None) -> Any:
+    """``obj[p0][p1]…`` or ``default`` when any step is missing or not a dict."""
+    for p in path:
+        if not isinstance(obj, dict) or p not in obj:
+            return default
+        obj = obj[p]
+    return default if obj is None else obj
+
+
+def first(*values: Any) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return None if (isinstance(v, float) and not math.isfinite(v)) else float(v)
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+def _bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no", "enabled", "disabled"):
+        return v.lower() in ("true", "1", "yes", "enabled")
+    if isinstance(v, int):
+        return bool(v)
+    return None
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def to_unix(v: Any) -> float | None:
+    """Seconds since the epoch from a number or an ISO-8601 string; ``None`` when unknown."""
+    f = _num(v)
+    if f is not None:
+        return f
+    if isinstance(v, str):
+        from datetime import UTC, datetime
+
+        try:
+            dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    return None
+
+
+def parse_arm_name(name: str) -> dict:
+    """Arm spec fields implied by the arm name (used when a record lacks the spec)."""
+    m = re.match(r"^draft-k(\d+)-tp(\d+)$", name or "")
+    if m:
+        return {"name": name, "method": "draft_model", "num_speculative_tokens": int(m[1]),
+                "draft_tensor_parallel_size": int(m[2])}
+    m = re.match(r"^ngram-k(\d+)$", name or "")
+    if m:
+        return {"name": name, "method": "ngram", "num_speculative_tokens": int(m[1])}
+    return {"name": name, "method": "baseline" if name == "baseline" else None}
+
+
+def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
+    spec = dict(parse_arm_name(arm_name), **{k: v for k, v in (spec or {}).items() if v is not None})
+    return {
+        "phase": phase,
+        "arm": arm_name,
+        "method": spec.get("method"),
+        "num_speculative_tokens": _int(spec.get("num_speculative_tokens")),
+        "draft_tensor_parallel_size": _int(spec.get("draft_tensor_parallel_size")),
+        "rep": rep,
+    }
+
+
+def confound_fields(confounds: dict | None, cache_config: dict | None = None) -> dict:
+    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict."""
+    c = confounds or {}
+    cc = cache_config or {}
+    kv = first(_num(c.get("kv_cache_tokens")), _num(cc.get("kv_cache_tokens")), _num(c.get("gpu_kv_cache_tokens")))
+    if kv is None:
+        blocks, bs = _num(first(c.get("num_gpu_blocks"), cc.get("num_gpu_blocks"))), _num(cc.get("block_size"))
+        if blocks is not None and bs is not None:
+            kv = blocks * bs
+    async_sched = _bool(first(c.get("async_scheduling"), c.get("async_scheduling_enabled")))
+    return {
+        "kv_cache_tokens": kv,
+        "async_scheduling": async_sched,
+        "max_num_batched_tokens": _num(first(c.get("max_num_batched_tokens"), cc.get("max_num_batched_tokens"))),
+        "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
+    }
+
+
+def _flatten(obj: Any, prefix: str, out: dict, depth: int = 0, max_depth: int = 4) -> None:
+    if isinstance(obj, dict) and depth < max_depth:
+        for k in sorted(obj):
+            _flatten(obj[k], f"{prefix}.{k}" if prefix else str(k), out, depth + 1, max_depth)
+    elif isinstance(obj, list | dict):
+        out[prefix] = json.dumps(obj, sort_keys=True, default=str)
+    else:
+        out[prefix] = obj
+
+
+def flatten(obj: Any, prefix: str) -> dict:
+    out: dict = {}
+    _flatten(obj, prefix, out)
+    return out
+
+
+def _lat(summary: dict, metric: str, stat: str) -> float | None:
+    return _num(dig(summary, "latency_ms", metric, stat))
+
+
+def cell_row(summary: dict, source: str = "<summary>") -> dict:
+    """One ``cells`` row from a cell ``summary.json``."""
+    keys = summary.get("keys")
+    if not isinstance(keys, dict):
+        raise TablesError(f"{source}: field 'keys' missing or not an object (fix: write the cell summary per DESIGN.md)")
+    validity = summary.get("validity") or {}
+    reasons = validity.get("reasons") or []
+    codes = sorted({str(r.get("code")) if isinstance(r, dict) else str(r) for r in reasons})
+    spec = summary.get("speculative") or {}
+    valid = _bool(validity.get("valid"))
+    per_pos = spec.get("per_position")
+    if isinstance(per_pos, dict):  # {"0": rate, ...} or {"rates": [...]}
+        per_pos = per_pos.get("rates") or per_pos.get("acceptance_rate") or [
+            per_pos[k] for k in sorted(per_pos, key=lambda s: int(s) if str(s).isdigit() else 0)]
+    per_pos = [_num(x) for x in per_pos] if isinstance(per_pos, list) else None
+    times = summary.get("times") or {}
+    row = arm_keys(keys.get("phase"), keys.get("arm"), _int(keys.get("rep")),
+                   {k: keys.get(k) for k in ("method", "num_speculative_tokens", "draft_tensor_parallel_size")})
+    row.update({
+        "workload": keys.get("workload"),
+        "concurrency": _int(keys.get("concurrency")),
+        "deployment_id": _str(keys.get("deployment_id")),
+        "fingerprint": _str(summary.get("fingerprint")),
+        "corpus_name": _str(dig(summary, "corpus", "name")),
+        "corpus_version": _str(dig(summary, "corpus", "version")),
+        "corpus_digest": _str(dig(summary, "corpus", "digest")),
+        "valid": bool(valid) if valid is not None else False,
+        "throughput_valid": first(_bool(validity.get("throughput_valid")), valid, False),
+        "latency_valid": first(_bool(validity.get("latency_valid")), valid, False),
+        "invalid_reasons": ",".join(codes),
+        "invalid_details": json.dumps(reasons, sort_keys=True, default=str) if reasons else "",
+        "requests_attempted": _int(dig(summary, "requests", "attempted")),
+        "requests_successful": _int(dig(summary, "requests", "successful")),
+        "requests_failed": _int(dig(summary, "requests", "failed")),
+        "success_rate": _num(dig(summary, "requests", "success_rate")),
+        "missing_usage": _int(dig(summary, "requests", "missing_usage")),
+        "prompt_tokens": _int(dig(summary, "tokens", "prompt")),
+        "completion_tokens": _int(dig(summary, "tokens", "completion")),
+        "output_tokens_per_second": _num(dig(summary, "tokens", "output_tokens_per_second")),
+        "wall_seconds": _num(summary.get("wall_seconds")),
+        "ttft_p50_ms": _lat(summary, "ttft", "p50"),
+        "ttft_p95_ms": _lat(summary, "ttft", "p95"),
+        "ttft_mean_ms": _lat(summary, "ttft", "mean"),
+        "tpot_p50_ms": _lat(summary, "tpot", "p50"),
+        "tpot_p95_ms": _lat(summary, "tpot", "p95"),
+        "tpot_mean_ms": _lat(summary, "tpot", "mean"),
+        "e2e_p50_ms": _lat(summary, "e2e", "p50"),
+        "e2e_p95_ms": _lat(summary, "e2e", "p95"),
+        "spec_enabled": _bool(spec.get("enabled")),
+        "acceptance_rate": _num(spec.get("acceptance_rate")),
+        "mean_acceptance_length": _num(spec.get("mean_acceptance_length")),
+        "draft_tokens": _num(spec.get("draft_tokens")),
+        "accepted_tokens": _num(spec.get("accepted_tokens")),
+        "per_position_acceptance": per_pos,
+        "loadgen_limited": _bool(dig(summary, "loadgen", "limited")),
+        "started_at": _str(times.get("started_at")),
+        "ended_at": _str(times.get("ended_at")),
+        "started_unix": to_unix(times.get("started_at")),
+    })
+    # every other summary metric, flattened (latency stats, telemetry, server deltas, confounds, ...)
+    for section in ("latency_ms", "telemetry", "server_deltas", "confounds", "loadgen", "tokens_per_event"):
+        val = summary.get(section)
+        if isinstance(val, dict):
+            row.update(flatten(val, section))
+    row.update({f"confound_{k}": v for k, v in confound_fields(summary.get("confounds")).items()})
+    return row
+
+
+def request_rows(rows: list[dict], cell_keys: dict, deployment_id: str, chosen: bool) -> list[dict]:
+    out = []
+    for r in rows:
+        row = dict(cell_keys)
+        row["deployment_id"] = deployment_id
+        row["chosen"] = chosen
+        for name, _typ in CORE_COLUMNS["requests"]:
+            if name in row:
+                continue
+            v = r.get(name)
+            if name == "error":
+                v = _str(v)
+            row[name] = v
+        out.append(row)
+    return out
+
+
+def deployment_row(dep: dict, source: str = "deployment.json", where: dict | None = None) -> dict:
+    """One ``deployments`` row from a deployment record or a failure record."""
+    where = where or {}
+    arm = dep.get("arm")
+    spec = arm if isinstance(arm, dict) else {}
+    arm_name = first(spec.get("name"), arm if isinstance(arm, str) else None, where.get("arm"))
+    phase = first(dep.get("phase"), where.get("phase"))
+    rep = _int(first(dep.get("rep"), where.get("rep")))
+    failure = dep.get("failure") if isinstance(dep.get("failure"), dict) else {}
+    if source == "failure_record" and not failure:
+        failure = dep
+    times = dep.get("times") or {}
+    t0, tr = to_unix(times.get("start")), to_unix(times.get("ready"))
+    command = dep.get("command")
+    cells = dep.get("cells") or []
+    prov = dep.get("provenance") or {}
+    row = arm_keys(phase, arm_name, rep, spec)
+    row.update({
+        "deployment_id": _str(first(dep.get("deployment_id"), where.get("deployment_id"))),
+        "source": source,
+        "status": _str(first(dep.get("status"), "failed" if source == "failure_record" else None)),
+        "failure_stage": _str(failure.get("stage")),
+        "failure_reason": _str(failure.get("reason")),
+        "failure_error_excerpt": _str(failure.get("error_excerpt")),
+        "failure_log": _str(failure.get("log")),
+        "arm_spec": _str(spec) if spec else None,
+        "command": _str(command),
+        "speculative_config": speculative_config_from_command(command),
+        "hostname": _str(first(prov.get("hostname"), prov.get("node"), dig(prov, "host", "hostname"))),
+        "init_seconds": (tr - t0) if (t0 is not None and tr is not None) else None,
+        "n_cells": len(cells),
+        "n_cells_ok": sum(1 for c in cells if isinstance(c, dict) and c.get("status") in ("ok", "valid", "reused")),
+        "time_start": _str(times.get("start")),
+        "time_ready": _str(times.get("ready")),
+        "time_stop": _str(times.get("stop")),
+        "start_unix": t0,
+    })
+    row.update(confound_fields(dep.get("confounds"), dep.get("cache_config")))
+    for section in ("provenance", "confounds", "cache_config"):
+        val = dep.get(section)
+        if isinstance(val, dict):
+            row.update(flatten(val, section))
+    return row
+
+
+def speculative_config_from_command(command: Any) -> str | None:
+    """The ``--speculative-config`` JSON value of a recorded vLLM argument list (or ``None``)."""
+    if not isinstance(command, list):
+        return None
+    for i, a in enumerate(command):
+        a = str(a)
+        if a.startswith("--speculative-config="):
+            return a.split("=", 1)[1]
+        if a in ("--speculative-config", "--speculative_config") and i + 1 < len(command):
+            return str(command[i + 1])
+    return None
+
+
+def gate_row(gate: dict, phase: str, arm: str) -> dict:
+    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (schema ``gate``)."""
+    verdict = first(gate.get("verdict"), gate.get("status"), "no_verdict")
+    control = gate.get("control") if isinstance(gate.get("control"), dict) else {}
+    control_worst = first(control.get("worst_case"), gate.get("control_worst_case"))
+    treatment_worst = dig(gate, "treatment", "worst_case")
+    reasons = gate.get("reasons") or []
+    blocks = _bool(gate.get("blocks_recommendation"))
+    row = {
+        "phase": phase,
+        "arm": arm,
+        "verdict": str(verdict),
+        "blocks_recommendation": blocks if blocks is not None else verdict != "pass",
+        "reason_codes": ",".join(sorted({str(r.get("code")) if isinstance(r, dict) else str(r) for r in reasons})),
+        "reasons": _str(reasons) if reasons else "",
+        "claim": _str(gate.get("claim")),
+        "control_kind": _str(control.get("kind")),
+        "control_arm": _str(control.get("arm")),
+        "control_worst": _str(control_worst),
+        "treatment_worst": _str(treatment_worst),
+        "detail": "",
+    }
+    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst),
+                      ("margins", gate.get("margins"))):
+        if isinstance(val, dict):
+            row.update(flatten({k: v for k, v in val.items() if not isinstance(v, list | dict)}, name))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise TablesError(f"{path}: not valid JSON ({exc}); fix or delete the file and re-run its job") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise TablesError(f"{path}:{n}: not valid JSON ({exc}); a truncated requests file means the attempt "
+                                  "was interrupted: delete the attempt directory") from exc
+    return rows
+
+
+def _arm_dirs(results: Path):
+    for phase in PHASES:
+        pdir = results / phase
+        if not pdir.is_dir():
+            continue
+        for adir in sorted(pdir.iterdir()):
+            if not (adir.is_dir() and ARM_RE.match(adir.name)):
+                continue
+            for rdir in sorted(adir.iterdir()):
+                m = REP_RE.match(rdir.name)
+                if rdir.is_dir() and m:
+                    yield phase, adir.name, int(m[1]), rdir
+
+
+def failure_record(ddir: Path) -> dict:
+    """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory."""
+    for name in ("failure.json", "deployment.json", "record.json"):
+        if (ddir / name).exists():
+            data = _read_json(ddir / name)
+            if isinstance(data, dict):
+                return data
+    for p in sorted(ddir.glob("*.json")):
+        data = _read_json(p)
+        if isinstance(data, dict) and any(k in data for k in ("failure", "reason", "stage", "status")):
+            return data
+    logs = sorted(ddir.glob("*.log"))
+    return {"status": "failed", "failure": {"stage": None, "reason": "no failure record (only logs)",
+                                            "log": str(logs[0]) if logs else None}}
+
+
+def collect(results: str | Path) -> dict[str, list[dict]]:
+    """All table rows (unsorted, unvalidated) from a results tree."""
+    results = Path(results)
+    out: dict[str, list[dict]] = {t: [] for t in TABLE_NAMES}
+    known_deployments: set[str] = set()
+    for phase, arm, rep, rdir in _arm_dirs(results):
+        dep_path = rdir / "deployment.json"
+        spec = None
+        if dep_path.exists():
+            dep = _read_json(dep_path)
+            row = deployment_row(dep, "deployment.json", {"phase": phase, "arm": arm, "rep": rep})
+            out["deployments"].append(row)
+            known_deployments.add(row["deployment_id"])
+            spec = dep.get("arm") if isinstance(dep.get("arm"), dict) else None
+        chosen: dict[tuple[str, int], str] = {}
+        for wdir in sorted(rdir.iterdir()):
+            if not (wdir.is_dir() and WORKLOAD_RE.match(wdir.name)) or wdir.name == "attempts":
+                continue
+            for cdir in sorted(wdir.iterdir()):
+                m = CONC_RE.match(cdir.name)
+                spath = cdir / "summary.json"
+                if m and spath.exists():
+                    summary = _read_json(spath)
+                    row = cell_row(summary, str(spath))
+                    row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
+                    row["workload"], row["concurrency"] = wdir.name, int(m[1])
+                    out["cells"].append(row)
+                    chosen[(wdir.name, int(m[1]))] = row["deployment_id"]
+        adir = rdir / "attempts"
+        if adir.is_dir():
+            for att in sorted(p for p in adir.iterdir() if p.is_dir()):
+                for req in sorted(att.glob("*/c*/requests.jsonl")):
+                    workload, cm = req.parent.parent.name, CONC_RE.match(req.parent.name)
+                    if not cm or not WORKLOAD_RE.match(workload):
+                        continue
+                    conc = int(cm[1])
+                    keys = arm_keys(phase, arm, rep, spec)
+                    keys.update({"workload": workload, "concurrency": conc})
+                    out["requests"].extend(request_rows(_read_jsonl(req), keys, att.name,
+                                                        chosen.get((workload, conc)) == att.name))
+    fdir = results / "deployment-failures"
+    if fdir.is_dir():
+        for ddir in sorted(p for p in fdir.glob("*/*/rep*/*") if p.is_dir()):
+            phase, arm, repdir, dep_id = ddir.parts[-4:]
+            m = REP_RE.match(repdir)
+            if not m or phase not in PHASES or dep_id in known_deployments:
+                continue
+            data = failure_record(ddir)
+            out["deployments"].append(deployment_row(
+                data, "failure_record", {"phase": phase, "arm": arm, "rep": int(m[1]), "deployment_id": dep_id}))
+    gdir = results / "gates"
+    if gdir.is_dir():
+        for g in sorted(gdir.glob("*/*.json")):
+            out["gates"].append(gate_row(_read_json(g), g.parent.name, g.stem))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow conversion, validation, deterministic write
+# ---------------------------------------------------------------------------------------------
+def _arrow_type(name: str):
+    import pyarrow as pa
+
+    return {
+        "string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
+        "list<float64>": pa.list_(pa.float64()), "list<int64>": pa.list_(pa.int64()),
+    }[name]
+
+
+def _infer(values: list) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "string"
+    if all(isinstance(v, bool) for v in vals):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return "int64"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
+        return "float64"
+    return "string"
+
+
+def _coerce(v: Any, typ: str, table: str, column: str) -> Any:
+    if v is None:
+        return None
+    try:
+        if typ == "string":
+            return _str(v)
+        if typ == "bool":
+            b = _bool(v)
+            if b is None:
+                raise ValueError(v)
+            return b
+        if typ == "int64":
+            if isinstance(v, bool):
+                raise ValueError(v)
+            f = float(v)
+            if f != int(f):
+                raise ValueError(v)
+            return int(f)
+        if typ == "float64":
+            if isinstance(v, bool):
+                raise ValueError(v)
+            f = float(v)
+            return f if math.isfinite(f) else None
+        if typ.startswith("list<"):
+            if not isinstance(v, list):
+                raise ValueError(v)
+            inner = typ[5:-1]
+            return [_coerce(x, inner, table, column) for x in v]
+    except (TypeError, ValueError) as exc:
+        raise TablesError(f"table {table}: column '{column}' expects {typ}, got {v!r} "
+                          "(fix the producing record or the column declaration in specstudy.tables)") from exc
+    return v
+
+
+def column_plan(table: str, rows: list[dict]) -> list[tuple[str, str]]:
+    core = CORE_COLUMNS[table]
+    core_names = {n for n, _ in core}
+    extra = sorted({k for r in rows for k in r} - core_names)
+    return core + [(k, _infer([r.get(k) for r in rows])) for k in extra]
+
+
+def _sort_key(row: dict, keys: list[str]):
+    return tuple((row.get(k) is None, row.get(k) if row.get(k) is not None else "") for k in keys)
+
+
+def validate_rows(table: str, rows: list[dict], source: str) -> None:
+    """JSON-schema check of every row (schemas ``config/schemas/table-<table>.schema.json``)."""
+    from specstudy import schemas
+
+    name = f"table-{table}"
+    try:
+        schemas.load_schema(name)
+    except FileNotFoundError:
+        return
+    for i, r in enumerate(rows):
+        schemas.validate(r, name, f"{source} (row {i} of table {table})")
+
+
+def build_table(table: str, rows: list[dict]):
+    import pyarrow as pa
+
+    plan = column_plan(table, rows)
+    rows = sorted(rows, key=lambda r: _sort_key(r, SORT_KEYS[table]))
+    fields, arrays = [], []
+    for name, typ in plan:
+        t = _arrow_type(typ)
+        fields.append(pa.field(name, t))
+        arrays.append(pa.array([_coerce(r.get(name), typ, table, name) for r in rows], type=t))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def table_bytes(tbl) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(tbl.replace_schema_metadata(None), buf, compression="zstd", compression_level=3,
+                   use_dictionary=True, write_statistics=True, store_schema=True, version="2.6")
+    return buf.getvalue()
+
+
+def build_tables(results: str | Path, out: str | Path) -> dict[str, Path]:
+    from specstudy import atomic
+
+    collected = collect(results)
+    written = {}
+    for table in TABLE_NAMES:
+        rows = collected[table]
+        validate_rows(table, rows, str(results))
+        tbl = build_table(table, rows)
+        written[table] = atomic.write_bytes(Path(out) / f"{table}.parquet", table_bytes(tbl))
+    return written
+
+
+def read_tables(tables: str | Path) -> dict:
+    """The four tables as pandas DataFrames (missing files give empty frames with the core columns)."""
+    import pandas as pd
+
+    out = {}
+    for table in TABLE_NAMES:
+        p = Path(tables) / f"{table}.parquet"
+        if p.exists():
+            out[table] = pd.read_parquet(p)
+        else:
+            out[table] = pd.DataFrame({n: pd.Series(dtype="object") for n, _ in CORE_COLUMNS[table]})
+    return out
+
+
+def _cmd_tables(args) -> int:
+    written = build_tables(args.results, args.out)
+    for t, p in written.items():
+        print(f"{t}: {p}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tables", help="rebuild the Parquet tables from raw result artifacts")
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    p.add_argument("--out", default="results/tables", help="output directory (default: results/tables)")
+    p.set_defaults(func=_cmd_tables)

@@ -1,0 +1,72 @@
+"""Smoke tests for specstudy.report: renders from a fake results tree and says what is missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from specstudy import report, tables
+from test_tables import make_results_tree
+
+LAUNCH = ["vllm", "serve", "/models/apertus-70b", "--tensor-parallel-size", "4"]
+
+
+def _build(tmp_path, **kw):
+    res = make_results_tree(tmp_path, **kw)
+    tables.build_tables(res, res / "tables")
+    return res
+
+
+def test_report_full_tree(tmp_path):
+    res = _build(tmp_path)
+    (res / "capacity" / "draft-k3-tp4").mkdir(parents=True)
+    (res / "capacity" / "draft-k3-tp4" / "knee.json").write_text("{}")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH}}))
+    from specstudy.cli import main
+
+    assert main(["report", "--results", str(res), "--tables", str(res / "tables"), "--config", str(cfg),
+                 "--out", str(res / "report")]) == 0
+    md = (res / "report" / "report.md").read_text()
+    html = (res / "report" / "report.html").read_text()
+    assert "Decision: enable — enable draft-k3-tp4" in md
+    patch = (res / "report" / "vllm-args.patch").read_text()
+    assert "+--speculative-config" in patch and "/models/draft" in patch and " --tensor-parallel-size 4" in patch
+    for needle in ("Results per workload × concurrency (confirm)", "1.409 [1.312, 1.514]",
+                   "NO — every selection input comes from screening", "winner's curse", "CC-BY-4.0",
+                   "loadgen_limited", "engine refused draft TP 1", "Drift", "EXPLANATORY",
+                   "| H4 |", "untestable", "draft-k3-tp4 vs baseline: differs in async_scheduling",
+                   "capacity/draft-k3-tp4/knee.json", "Control's worst case", "nothing: all inputs present"):
+        assert needle in md, needle
+    assert "<table>" in html and "plots/speedup.png" in html
+    for png in ("speedup", "tpot", "acceptance_vs_speedup", "per_position", "memory", "latency", "drift"):
+        assert (res / "report" / "plots" / f"{png}.png").stat().st_size > 1000, png
+    rec = json.loads((res / "report" / "recommendation.json").read_text())
+    assert rec["selection"]["used_confirmation"] is False
+    assert {h["id"]: h["verdict"] for h in rec["hypotheses"]}["H4"] == "untestable"
+
+
+def test_report_without_confirmation_or_capacity(tmp_path):
+    res = _build(tmp_path, confirm=False)
+    summary = report.build(res, res / "tables", {}, res / "report")
+    md = (res / "report" / "report.md").read_text()
+    assert summary["recommendation"]["decision"] == "insufficient_evidence"
+    assert "no confirm cells" in md and "No confirm comparisons." in md
+    assert "Missing: no results/capacity/" in md
+    assert not (res / "report" / "vllm-args.patch").exists()
+
+
+def test_report_flags_selection_that_read_confirmation(tmp_path):
+    res = _build(tmp_path)
+    (res / "selection" / "selection.json").write_text(json.dumps(
+        {"candidates": ["draft-k3-tp4"], "inputs": ["results/confirm/draft-k3-tp4/rep0/code/c1/summary.json"]}))
+    report.build(res, res / "tables", {}, res / "report")
+    assert "YES — the selection read confirmation data" in (res / "report" / "report.md").read_text()
+
+
+def test_report_empty_results(tmp_path):
+    tables.build_tables(tmp_path / "results", tmp_path / "t")
+    report.build(tmp_path / "results", tmp_path / "t", None, tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "no screen cells" in md and "no gate verdicts" in md and "no selection" in md
+    shutil.rmtree(tmp_path / "r")

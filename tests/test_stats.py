@@ -1,0 +1,215 @@
+"""Tests for specstudy.stats: hand-computed statistics, coverage, pairing, drift, recommendation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from specstudy import stats
+
+T_975_DF1 = 12.706204736174698
+T_975_DF2 = 4.302652729749464
+
+
+def test_describe_hand_computed():
+    d = stats.describe([1.0, 1.21])
+    assert d["n"] == 2 and d["median"] == pytest.approx(1.105)
+    assert d["geomean"] == pytest.approx(1.1)
+    m, sd = math.log(1.21) / 2, math.log(1.21) / math.sqrt(2)
+    h = T_975_DF1 * sd / math.sqrt(2)
+    assert d["ci_low"] == pytest.approx(math.exp(m - h)) and d["ci_high"] == pytest.approx(math.exp(m + h))
+    d4 = stats.describe([1.0, 2.0, 3.0, 4.0])
+    assert (d4["median"], d4["q1"], d4["q3"], d4["min"], d4["max"]) == (2.5, 1.75, 3.25, 1.0, 4.0)
+
+
+def test_t_interval_three_repeats():
+    vals = [1.1, 1.2, 1.3]
+    logs = np.log(vals)
+    h = T_975_DF2 * logs.std(ddof=1) / math.sqrt(3)
+    lo, hi = stats.t_log_interval(vals)
+    assert lo == pytest.approx(math.exp(logs.mean() - h)) and hi == pytest.approx(math.exp(logs.mean() + h))
+
+
+def test_exact_bootstrap_percentile_two_values():
+    a, b = 1.0, 1.44
+    la, lb = 0.0, math.log(1.44)
+    mid = (la + lb) / 2
+    # the 4 equally likely resamples have log means [la, mid, mid, lb]; numpy linear quantiles:
+    lo_pos, hi_pos = 0.025 * 3, 0.975 * 3
+    exp_lo = la + lo_pos * (mid - la)
+    exp_hi = mid + (hi_pos - 2) * (lb - mid)
+    (lo, hi), used = stats.bootstrap_interval([a, b], method="percentile")
+    assert used == "percentile"
+    assert lo == pytest.approx(math.exp(exp_lo)) and hi == pytest.approx(math.exp(exp_hi))
+
+
+def test_bca_falls_back_when_degenerate():
+    (lo, hi), used = stats.bootstrap_interval([1.1, 1.1, 1.1], method="bca")
+    assert used.startswith("percentile") and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    _, used = stats.bootstrap_interval([1.0, 1.1, 1.3, 1.2, 1.25], method="bca")
+    assert used == "bca"
+
+
+def test_describe_edge_cases():
+    assert stats.describe([])["median"] is None
+    one = stats.describe([1.2])
+    assert one["median"] == 1.2 and one["ci_low"] is None and "one repeat" in one["ci_note"]
+    assert stats.describe([None, float("nan"), -1, 1.5])["n"] == 1
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_coverage_t_interval_near_nominal(n):
+    cov = stats.coverage_simulation(n, "t_log", sims=1000, seed=11)
+    # binomial SE at 1000 sims is 0.007: accept 0.93..0.97
+    assert 0.93 <= cov <= 0.97, cov
+
+
+def test_percentile_bootstrap_undercovers_with_three_repeats():
+    """Documented reason for choosing the t interval: the percentile bootstrap covers ~2/3 at n=3."""
+    boot = stats.coverage_simulation(3, "bootstrap_percentile", sims=400, seed=3)
+    t = stats.coverage_simulation(3, "t_log", sims=400, seed=3)
+    assert boot < 0.85 < t
+
+
+def _cell(phase, arm, rep, otps, *, w="code", c=1, valid=True, thr=True, ttft=50.0, tpot=10.0, acc=None):
+    spec = {"baseline": ("baseline", None, None)}.get(arm, ("draft_model", 3, 4))
+    return {"phase": phase, "arm": arm, "method": spec[0], "num_speculative_tokens": spec[1],
+            "draft_tensor_parallel_size": spec[2], "rep": rep, "workload": w, "concurrency": c,
+            "deployment_id": f"{arm}-{rep}", "valid": valid, "throughput_valid": thr, "latency_valid": valid,
+            "invalid_reasons": "" if valid else "server_restarted", "output_tokens_per_second": otps,
+            "tpot_p50_ms": tpot, "ttft_p50_ms": ttft, "acceptance_rate": acc, "mean_acceptance_length": None}
+
+
+def test_comparisons_pair_by_rep_and_count_exclusions():
+    cells = [
+        _cell("confirm", "baseline", 0, 100.0), _cell("confirm", "baseline", 1, 200.0, valid=False),
+        _cell("confirm", "baseline", 3, 100.0, thr=False, ttft=40.0),
+        _cell("confirm", "draft-k3-tp4", 0, 120.0, tpot=8.0, ttft=55.0),
+        _cell("confirm", "draft-k3-tp4", 1, 150.0), _cell("confirm", "draft-k3-tp4", 2, 150.0),
+        _cell("confirm", "draft-k3-tp4", 3, 150.0, ttft=60.0),
+        _cell("screen", "baseline", 0, 50.0),  # another phase is never a partner
+    ]
+    (comp,) = stats.comparisons(cells)
+    assert comp["speedup"]["values"] == [pytest.approx(1.2)]
+    assert comp["tpot_ratio"]["values"] == [pytest.approx(0.8)]
+    assert comp["ttft_ratio"]["values"] == [pytest.approx(1.1), pytest.approx(1.5)]  # rep 3: latency still valid
+    assert comp["n_excluded"] == 2
+    reasons = {e["rep"]: e["reason"] for e in comp["excluded"]}
+    assert "server_restarted" in reasons[1] and "unpaired" in reasons[2]
+    assert comp["absolute"]["base_otps"] == 100.0
+
+
+def _comp(arm, w, c, speedups, phase="confirm"):
+    reps = [{"rep": i, "speedup": s, "arm_otps": 100 * s, "base_otps": 100.0} for i, s in enumerate(speedups)]
+    return {"phase": phase, "arm": arm, "workload": w, "concurrency": c, "repeats": reps,
+            "speedup": stats.describe(speedups), "method": "draft_model", "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": 4}
+
+
+WIN = [1.30, 1.32, 1.31]
+FLAT = [1.00, 1.01, 0.99]
+LOSE = [0.90, 0.91, 0.89]
+GATE_PASS = [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": "pass"}]
+
+
+def test_recommend_win():
+    comps = [_comp("draft-k3-tp4", w, c, WIN) for w in ("code", "chat") for c in (1, 8)]
+    rec = stats.recommend(comps, GATE_PASS)
+    assert rec["decision"] == "enable" and rec["enable"] == "draft-k3-tp4"
+
+
+def test_recommend_lose_and_mixed():
+    lose = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, LOSE)]
+    rec = stats.recommend(lose, GATE_PASS)
+    assert rec["decision"] == "do_not_enable"
+    assert any("regression on chat@c1" in b for b in rec["candidates"][0]["blockers"])
+    # mixed: wins on code, flat on chat -> enabled for the mixture only if the mixture gain is repeatable
+    mixed = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, FLAT)]
+    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.9, "chat": 0.1}}})
+    assert rec["decision"] == "enable"
+    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.05, "chat": 0.95},
+                                                                "min_gain": 0.05}})
+    assert rec["decision"] == "do_not_enable"
+    # routed by workload: enable for code only
+    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"route_by_workload": True}})
+    assert rec["decision"] == "enable_per_workload"
+    assert rec["per_workload"] == {"chat": None, "code": "draft-k3-tp4"}
+
+
+def test_mixture_speedup_hand_computed():
+    code = _comp("a", "code", 1, [2.0])
+    chat = _comp("a", "chat", 1, [1.0])
+    # equal token shares: base time 0.5/100 + 0.5/100, arm time 0.5/200 + 0.5/100 -> 0.02/0.015
+    assert stats._mixture({"code": code, "chat": chat}, {"code": 0.5, "chat": 0.5}) == [pytest.approx(4 / 3)]
+
+
+def test_one_repeat_below_one_blocks_win():
+    d = stats.describe([1.5, 1.5, 0.99, 1.5, 1.5])
+    assert stats.cell_status({"speedup": d}, 0.0, 0.02) != "win"
+
+
+@pytest.mark.parametrize("verdict", ["fail", "no_verdict", None])
+def test_gate_blocks(verdict):
+    comps = [_comp("draft-k3-tp4", "code", 1, WIN)]
+    gates = [] if verdict is None else [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": verdict}]
+    rec = stats.recommend(comps, gates)
+    assert rec["decision"] == "do_not_enable"
+    assert rec["candidates"][0]["blockers"][0] == f"gate verdict {verdict or 'missing'}"
+
+
+def test_recommend_without_confirmation():
+    rec = stats.recommend([_comp("draft-k3-tp4", "code", 1, WIN, phase="screen")], GATE_PASS)
+    assert rec["decision"] == "insufficient_evidence" and "confirm" in rec["missing"][0]
+
+
+def test_patch_replaces_existing_speculative_config():
+    args = ["vllm", "serve", "m", "--speculative-config", '{"method":"ngram"}', "--port", "8000"]
+    cfg = stats.speculative_config({"method": "draft_model", "num_speculative_tokens": 3,
+                                    "draft_tensor_parallel_size": 4}, None, "/models/draft")
+    new, diff = stats.vllm_args_patch(args, cfg)
+    assert new.count("--speculative-config") == 1 and json.loads(new[-1])["model"] == "/models/draft"
+    assert "-" + "--speculative-config '{\"method\":\"ngram\"}'" in diff and "+--speculative-config" in diff
+    recorded = stats.speculative_config(None, '{"method": "ngram", "num_speculative_tokens": 3}')
+    assert recorded == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_drift_detected_and_not():
+    def cells(trend):
+        out = []
+        for i in range(8):
+            for w in ("code", "chat"):
+                c = _cell("screen", "baseline", i, 100 * (1 + trend * i) * (1 + 0.002 * ((i * 3) % 4)), w=w)
+                c["started_unix"] = 1e9 + 3600 * i
+                out.append(c)
+        return out
+
+    d = stats.drift(cells(0.02))
+    assert d["detected"] and d["total_fraction"] > 0.1
+    assert not stats.drift(cells(0.0))["detected"]
+    assert stats.drift(cells(0.0)[:2])["detected"] is None
+
+
+def test_h4_untestable_when_engine_refuses():
+    comps = [_comp("draft-k3-tp4", "code", 1, WIN, phase="screen")]
+    deps = [{"arm": "draft-k3-tp1", "method": "draft_model", "draft_tensor_parallel_size": 1, "status": "failed",
+             "deployment_id": "x", "failure_stage": "startup", "failure_reason": "draft TP must equal target TP"}]
+    (h,) = stats.hypotheses(comps, deps, {"hypotheses": [{"id": "H4", "statement": "tp"}]})
+    assert h["verdict"] == "untestable" and "refused" in h["reason"]
+
+
+def test_explanatory_model_recovers_slope():
+    comps = []
+    for i, acc in enumerate([0.3, 0.4, 0.5, 0.6, 0.7, 0.8]):
+        for c in (1, 8):
+            sp = [math.exp(0.5 * acc - 0.02 * math.log2(c) + 0.001 * r) for r in range(3)]
+            comp = _comp(f"draft-k{i + 1}-tp4", "code", c, sp, phase="screen")
+            comp["num_speculative_tokens"] = 3
+            for r in comp["repeats"]:
+                r["acceptance_rate"] = acc
+            comps.append(comp)
+    m = stats.explanatory_model(comps)
+    assert m["fitted"] and "EXPLANATORY" in m["label"]
+    coef = {p["term"]: p["coef"] for p in m["params"]}
+    assert coef["acceptance_rate"] == pytest.approx(0.5, abs=0.02)
