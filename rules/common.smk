@@ -1,10 +1,11 @@
 # Helpers shared by all rule files. Only functions and constants live here; rules live in their stage files.
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
 
@@ -26,7 +27,7 @@ DRIFT_CELL = SCREEN_PLAN["design"]["drift_cell"]
 GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
 CAPACITY = config.get("capacity") or {}
 FIXTURES = (config.get("fixture_models") or {}).get("build", False)
-FIXTURE_DIR = "results/models/fixture"
+FIXTURE_RECORD = "results/models/fixture/models.json"
 
 wildcard_constraints:
     phase="screen|confirm",
@@ -42,7 +43,7 @@ wildcard_constraints:
 def _effective_config_file():
     """The effective config (Snakefile default merged with --configfile/--config), content-addressed."""
     text = json.dumps(config, sort_keys=True, indent=1)
-    path = Path("results/.config") / (hashlib.sha256(text.encode()).hexdigest()[:16] + ".json")
+    path = Path(f"results/.config/{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -73,7 +74,7 @@ def corpus_spec_for(wildcards):
 
 
 def corpus_json(workload):
-    return CORPUS_DIRS[workload] + "/corpus.json"
+    return f"{CORPUS_DIRS[workload]}/corpus.json"
 
 
 def all_corpus_json():
@@ -86,7 +87,7 @@ def tokenizer_dir():
 
 
 def model_inputs():
-    return [FIXTURE_DIR + "/models.json"] if FIXTURES else []
+    return [FIXTURE_RECORD] if FIXTURES else []
 
 
 def corpus_build_inputs(wildcards):
@@ -108,8 +109,8 @@ def record_path(phase, arm, rep):
 
 
 def deployment_outputs(phase):
-    return expand("results/" + phase + "/{{arm}}/{{rep}}/{workload}/c{conc}/summary.json",
-                  workload=WORKLOADS, conc=phase_conc(phase))
+    pattern = f"results/{phase}/{{{{arm}}}}/{{{{rep}}}}/{{workload}}/c{{conc}}/summary.json"
+    return expand(pattern, workload=WORKLOADS, conc=phase_conc(phase))
 
 
 def selection_file(wildcards=None):
@@ -188,7 +189,7 @@ def confirm_spec(wildcards):
 
 
 def drift_outputs():
-    return "results/{phase}/{arm}/{drift}/" + f"{DRIFT_CELL['workload']}/c{DRIFT_CELL['concurrency']}/summary.json"
+    return f"results/{{phase}}/{{arm}}/{{drift}}/{DRIFT_CELL['workload']}/c{DRIFT_CELL['concurrency']}/summary.json"
 
 
 def deployment_priority(phase):

@@ -3,15 +3,14 @@
 
 rule fixture_models:
     output:
-        record=FIXTURE_DIR + "/models.json",
+        record=FIXTURE_RECORD,
     log:
         "results/logs/models/fixture.log",
     params:
-        out=FIXTURE_DIR,
         seed=(config.get("fixture_models") or {}).get("seed", 0),
         quick="--quick" if (config.get("fixture_models") or {}).get("quick") else "",
     threads: 2
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy fixture-models --out {params.out} --seed {params.seed} {params.quick} > {log} 2>&1"
+        "specstudy fixture-models --out $(dirname {output.record}) --seed {params.seed} {params.quick} > {log} 2>&1"

