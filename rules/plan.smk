@@ -3,15 +3,16 @@
 
 rule prereg_lock:
     output:
-        lock="results/screen/prereg-lock.json",
+        # Written once, before any screening deployment; protected so that nothing regenerates it.
+        lock=protected("results/screen/prereg-lock.json"),
     log:
         "results/logs/plan/prereg-lock.log",
     params:
-        config=CONFIG_FILE,
+        prereg=PREREG_FILE,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy prereg-lock --config {params.config} --out {output.lock} > {log} 2>&1"
+        "specstudy prereg-lock --prereg {params.prereg} --out {output.lock} > {log} 2>&1"
 
 
 rule plan_screen:

@@ -1085,7 +1085,8 @@ def classify_failure(reason: str, log_text: str) -> str:
 
 
 def failure_dir(results_dir: str | os.PathLike, phase: str, arm: str, rep: int, deployment_id: str) -> Path:
-    return Path(results_dir) / "deployment-failures" / phase / arm / f"rep{int(rep)}" / deployment_id
+    label = rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}"
+    return Path(results_dir) / "deployment-failures" / phase / arm / label / deployment_id
 
 
 def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dict | str, rep: int,
@@ -1117,7 +1118,8 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
         "deployment_id": deployment_id,
         "phase": phase,
         "arm": arm_spec,
-        "rep": int(rep),
+        "rep": int("".join(ch for ch in str(rep) if ch.isdigit()) or 0),
+        "rep_label": rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}",
         "status": "failed",
         "failure": {"stage": stage, "reason": reason,
                     "error_excerpt": info["excerpt"] or (redact_text(message, secrets) if message else None),
@@ -1289,7 +1291,8 @@ def new_deployment_id(phase: str, arm_name_: str, rep: int) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     job = os.environ.get("SLURM_JOB_ID")
     suffix = f"j{job}" if job else f"p{os.getpid()}"
-    return f"{phase}-{arm_name_}-rep{int(rep)}-{stamp}-{suffix}"
+    label = rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}"
+    return f"{phase}-{arm_name_}-{label}-{stamp}-{suffix}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -114,8 +114,8 @@ def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
     return {"phase": spec["phase"], "arm": arm["name"], "method": arm["method"],
             "num_speculative_tokens": arm.get("num_speculative_tokens"),
             "draft_tensor_parallel_size": arm.get("draft_tensor_parallel_size"),
-            "rep": spec["rep"], "workload": cell["workload"], "concurrency": int(cell["concurrency"]),
-            "deployment_id": deployment_id}
+            "rep": _rep_number(spec["rep"]), "rep_label": spec["rep"], "kind": spec["kind"],
+            "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "deployment_id": deployment_id}
 
 
 def _corpus_ref(corpus_json: dict) -> dict:
@@ -192,7 +192,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     smoke_prompts = corpusmod.load_prompts(spec["smoke_corpus_dir"])
     smoke_corpus = _corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json"))
     times = {"start": deploy.utcnow(), "ready": None, "stop": None}
-    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": rep}
+    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": _rep_number(rep), "rep_label": rep}
 
     if not need_server:
         log("every cell reused; no server started")
@@ -228,7 +228,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     captures.append(str(cap))
                 cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
                 if spec["kind"] == "capacity":
-                    _run_capacity(spec, server, served, eng, attempt, out)
+                    log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
+                    _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
+                                                              "confounds": deploy.parse_launch_log(log_text)}, out)
                 for e in to_measure:
                     c = e["cell"]
                     cdir = attempt / _cell_rel(c)
@@ -279,7 +281,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 log(f"server stopped: {stop_info}")
 
     if status == "failed":
-        fpath = deploy.write_failure_record(results_root, phase=phase, arm=arm, rep=_rep_number(rep),
+        fpath = deploy.write_failure_record(results_root, phase=phase, arm=arm, rep=rep,
                                             deployment_id=deployment_id, stage=failure["stage"],
                                             reason=failure["reason"], log_path=attempt / "launch.log",
                                             command=command, message=failure.get("message"), provenance=provenance,
@@ -310,14 +312,15 @@ def _write_record(out: Path, attempt: Path, rec: dict) -> None:
     atomic.write_json(out / "deployment.json", rec)
 
 
-def _run_capacity(spec: dict, server, served: str, eng: dict, attempt: Path, out: Path) -> None:
+def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path) -> None:
     from . import capacity
     from . import corpus as corpusmod
 
     cap = spec["capacity"]
     prompts = corpusmod.load_prompts(spec["capacity_corpus_dir"])
-    capacity.run_capacity(server.base_url, served, prompts, cap["gates"], dict(cap.get("search") or {}, soaks=cap.get("soaks")),
-                          out, server.base_url + "/metrics", deployment_record=None)
+    capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, out,
+                          server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],
+                          api_key=eng.get("api_key"))
 
 
 def _cmd_run(args) -> int:

@@ -184,9 +184,13 @@ def predecessor(plan: dict, arm: str, rep: str) -> dict | None:
     return find_deployment(plan, a, r)
 
 
-def prereg_lock(cfg: dict) -> dict:
-    path = prereg_path(cfg)
-    load_prereg(cfg)  # validates
+def prereg_lock(cfg: dict | None = None, path: str | Path | None = None) -> dict:
+    """The lock record of the pre-registration file (given directly or through the config)."""
+    if path is None:
+        path = prereg_path(cfg)
+        load_prereg(cfg)  # validates
+    else:
+        load_prereg({"study": {"preregistration": str(path)}})
     return {"schema": "specstudy.prereg-lock/1", "preregistration": str(path), "sha256": sha256_file(path)}
 
 
@@ -213,9 +217,8 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_lock(args) -> int:
-    cfg = load_config(args.config)
     out = Path(args.out)
-    lock = prereg_lock(cfg)
+    lock = prereg_lock(path=args.prereg)
     if out.exists():
         old = atomic.read_json(out)
         if old.get("sha256") != lock["sha256"]:
@@ -238,6 +241,6 @@ def register(sub) -> None:
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("prereg-lock", help="lock the pre-registration file's hash before screening starts")
-    p.add_argument("--config", required=True)
+    p.add_argument("--prereg", required=True, help="the pre-registration YAML (study.preregistration)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_lock)

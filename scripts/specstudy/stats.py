@@ -239,7 +239,8 @@ def _ratio(a, b):
 def comparisons(cells, config: dict | None = None) -> list[dict]:
     """Every (phase, arm, workload, concurrency) against the baseline of the same phase, paired by rep."""
     s = settings(config)["analysis"]
-    recs = _records(cells)
+    # Interleaved drift baselines (kind "drift") are for the drift analysis only, never paired with arms.
+    recs = [r for r in _records(cells) if (r.get("kind") or "repeat") != "drift"]
     base = {(r["phase"], r["workload"], r["concurrency"], r["rep"]): r for r in recs if r.get("arm") == "baseline"}
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
