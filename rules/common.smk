@@ -148,7 +148,7 @@ def deployment_inputs(wildcards, phase=None):
     rep = getattr(wildcards, "rep", None) or wildcards.drift
     dep = planned(phase, wildcards.arm, rep)
     inputs = {"corpora": all_corpus_json(), "models": model_inputs(),
-              "plan": ancient(f"results/plan/{phase}.json"), "lock": ancient("results/screen/prereg-lock.json")}
+              "plan": f"results/plan/{phase}.json", "lock": ancient("results/screen/prereg-lock.json")}
     if phase == "confirm":
         inputs["selection"] = ancient(selection_file())
     if dep["after"]:

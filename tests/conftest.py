@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real local Slurm fixtures)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))

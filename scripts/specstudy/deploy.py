@@ -1132,6 +1132,9 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
         "written_at": utcnow(),
     }
     path = out / "failure.json"
+    from specstudy import schemas
+
+    schemas.validate(record, "deployment-failure", str(path))
     atomic.write_json(path, record)
     return path
 

@@ -227,6 +227,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                                         seed=settings.get("seed"), api_key=eng.get("api_key"))
                     captures.append(str(cap))
                 cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
+                _pin_client(settings.get("client_cpus"), log)
                 if spec["kind"] == "capacity":
                     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
@@ -251,7 +252,8 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                             api_key=eng.get("api_key"), sampler=sampler,
                             drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
                             temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
-                            request_timeout_s=float(settings.get("request_timeout_s", 600)))
+                            request_timeout_s=float(settings.get("request_timeout_s", 600)),
+                            limits=settings.get("client_limits"))
                     except Exception as exc:  # a broken cell is data; the deployment goes on
                         traceback.print_exc()
                         write_failed(e, "cell_error", f"{type(exc).__name__}: {exc}")
@@ -292,7 +294,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                        for r in cell_records):
                 write_failed(e, "deployment_failed", f"deployment {deployment_id} failed at {failure['stage']}: "
                              f"{failure.get('reason')} (see {fpath})")
-    rec = dict(record_base, status=status, failure=failure, command=command, provenance=provenance,
+    rec = dict(record_base, schema="specstudy.deployment/1", status=status, failure=failure, command=command, provenance=provenance,
                confounds=confounds, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
                times=times, prereg_sha256=lock.get("sha256"), kind=spec["kind"], block=spec.get("block"),
                order=spec.get("order"))
@@ -302,6 +304,18 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     if exit_code:
         log(f"deployment {deployment_id} cancelled; exiting {exit_code}")
     return exit_code
+
+
+def _pin_client(cpus, log) -> None:
+    """Pin this process (the load generator) to ``cpus``; the server started earlier keeps its affinity."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    usable = set(cpus) & os.sched_getaffinity(0)
+    if not usable:
+        log(f"client_cpus {cpus} not available here (CPUs {sorted(os.sched_getaffinity(0))}); load generator not pinned")
+        return
+    os.sched_setaffinity(0, usable)
+    log(f"load generator pinned to CPUs {sorted(usable)}")
 
 
 def _write_record(out: Path, attempt: Path, rec: dict) -> None:

@@ -210,6 +210,9 @@ def _cmd_plan(args) -> int:
                                                    "digest": rec.get("digest")}
     if args.selection:
         plan["selection"] = {"path": args.selection, "sha256": sha256_file(args.selection)}
+    from . import schemas
+
+    schemas.validate(plan, "plan", args.out)
     atomic.write_json(args.out, plan)
     print(f"plan: {len(plan['deployments'])} deployments, {sum(len(d['cells']) for d in plan['deployments'])} cells, "
           f"{len(plan['skipped'])} skipped arms -> {args.out}")
@@ -227,6 +230,9 @@ def _cmd_lock(args) -> int:
                   f"(git checkout {lock['preregistration']}) or start a new study (new results directory).")
             return 2
         return 0
+    from . import schemas
+
+    schemas.validate(lock, "prereg-lock", str(out))
     atomic.write_json(out, lock)
     print(f"pre-registration locked: {lock['preregistration']} sha256 {lock['sha256']}")
     return 0

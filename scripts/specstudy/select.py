@@ -165,6 +165,9 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
     result["prereg_sha256"] = lock["sha256"]
     result["inputs"] = [{"path": p, "sha256": sha256_file(p)} for p in paths]
     result["phase_of_inputs"] = "screen"
+    from . import schemas
+
+    schemas.validate(result, "selection", out)
     atomic.write_json(out, result)
     return result
 
@@ -246,6 +249,9 @@ def _cmd_final(args) -> int:
             print(f"error: {p} is not a confirmation cell")
             return 2
     res = final_candidate(summaries, gates, selection, (cfg.get("recommendation") or {}).get("traffic_mix"))
+    from . import schemas
+
+    schemas.validate(res, "final-candidate", args.out)
     atomic.write_json(args.out, res)
     print(f"final candidate: {res['arm']} -> {args.out}")
     return 0

