@@ -98,7 +98,7 @@ def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
     assert isinstance(backend, deploy.ContainerBackend)
     argv = deploy.build_command(cfg, NGRAM, port=8080, served_model_name="apertus")
     wrapped = backend.wrap(argv, tmp_path / "attempt")
-    assert wrapped[0] == "srun" and wrapped[1] == f"--environment={tmp_path / 'attempt' / 'environment.toml'}"
+    assert wrapped[:3] == ["srun", "--overlap", f"--environment={tmp_path / 'attempt' / 'environment.toml'}"]
     assert "--cpu-bind=none" in wrapped
     assert wrapped[-len(argv):] == argv and argv[0] == "python3"
     local = deploy.build_command({**cfg, "backend": "local", "python": "python3"}, NGRAM, port=8080,

@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "fixture_models",
     "corpus",
     "plan",
+    "loadgen",
     "deployment_run",
     "deploy",
     "telemetry",

