@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Rules call the `specstudy` CLI: make the venv's scripts visible to Snakemake's shell commands.
+export PATH := $(abspath $(BIN)):$(PATH)
 CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=

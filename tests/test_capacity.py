@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+
 from specstudy import atomic, capacity, schemas
 
 sys.path.insert(0, os.path.dirname(__file__))

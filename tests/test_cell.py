@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from specstudy import atomic, cell, schemas
 from test_prom import _Handler, vllm_text
 

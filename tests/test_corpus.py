@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from specstudy import corpus
 from specstudy.corpus import CorpusError, CorpusMismatchError
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from specstudy import atomic, deploy, schemas
 
 LOGS = Path(__file__).parent / "fixtures" / "launch-logs"

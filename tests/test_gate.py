@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from specstudy import gate, schemas
 
 UPSTREAM = Path("/work/shared/upstream-70b/results/70b/correctness/smoke-20260913-debug")

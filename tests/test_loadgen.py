@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from specstudy import loadgen
 from specstudy.loadgen import RequestSpec, poisson_schedule, run_closed_loop, run_open_loop
 

@@ -7,6 +7,7 @@ import socket
 import threading
 
 import pytest
+
 from specstudy import prom
 
 MODEL = 'model_name="m"'

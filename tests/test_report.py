@@ -19,8 +19,11 @@ def _build(tmp_path, **kw):
 
 def test_report_full_tree(tmp_path):
     res = _build(tmp_path)
-    (res / "capacity" / "draft-k3-tp4").mkdir(parents=True)
-    (res / "capacity" / "draft-k3-tp4" / "knee.json").write_text("{}")
+    for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
+        (res / "capacity" / arm).mkdir(parents=True)
+        (res / "capacity" / arm / "knee.json").write_text(json.dumps(
+            {"arm": arm, "status": "confirmed", "knee_rps": knee, "client_capacity": {"rps": 64.0},
+             "deployment": {"cache_config": {"kv_cache_tokens": kv}}, "reasons": []}))
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH}}))
     from specstudy.cli import main
@@ -36,7 +39,8 @@ def test_report_full_tree(tmp_path):
                    "NO — every selection input comes from screening", "winner's curse", "CC-BY-4.0",
                    "loadgen_limited", "engine refused draft TP 1", "Drift", "EXPLANATORY",
                    "| H4 |", "untestable", "draft-k3-tp4 vs baseline: differs in async_scheduling",
-                   "capacity/draft-k3-tp4/knee.json", "Control's worst case", "nothing: all inputs present"):
+                   "| draft-k3-tp4 | 5 | confirmed |", "the draft costs 20.0% of the KV pool",
+                   "moves the knee by +1 req/s", "Control's worst case", "nothing: all inputs present"):
         assert needle in md, needle
     assert "<table>" in html and "plots/speedup.png" in html
     for png in ("speedup", "tpot", "acceptance_vs_speedup", "per_position", "memory", "latency", "drift"):

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slurm

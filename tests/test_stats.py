@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from specstudy import stats
 
 T_975_DF1 = 12.706204736174698

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from specstudy import tables
 
 WORKLOADS = ("code", "chat", "summarization")

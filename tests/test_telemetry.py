@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from specstudy import atomic, telemetry
 
 LOGS = Path(__file__).parent / "fixtures" / "launch-logs"

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from specstudy import atomic, cell, schemas, upstream
 
 ROOT = Path("/work/shared/upstream-70b/results/70b/smoke-screening-20260913-debug")

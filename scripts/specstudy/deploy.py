@@ -766,10 +766,17 @@ def wait_ready(server: Server, *, timeout_s: float = 900.0, poll_s: float = 1.0,
 # Idle watchdog and signal handling
 # --------------------------------------------------------------------------------------------------
 class IdleWatchdog:
-    """Stop the server after it sat idle (no :meth:`touch`) longer than ``idle_s`` seconds."""
+    """Stop the server after it sat idle longer than ``idle_s`` seconds (no GPU job idles for hours).
 
-    def __init__(self, server: Server, idle_s: float, *, grace_s: float = 30.0, check_s: float | None = None):
+    Activity is a :meth:`touch` by the job or, with ``metrics_url``, any request running or waiting
+    on the server: a long cell keeps the server busy, a hung job leaves it idle and gets it stopped.
+    """
+
+    def __init__(self, server: Server, idle_s: float, *, grace_s: float = 30.0, check_s: float | None = None,
+                 metrics_url: str | None = None, api_key: str | None = None):
         self.server = server
+        self.metrics_url = metrics_url
+        self.api_key = api_key
         self.idle_s = float(idle_s)
         self.grace_s = grace_s
         self.check_s = check_s if check_s is not None else max(0.05, min(5.0, self.idle_s / 10))
@@ -781,8 +788,22 @@ class IdleWatchdog:
     def touch(self) -> None:
         self._last = time.monotonic()
 
+    def _busy(self) -> bool:
+        if not self.metrics_url:
+            return False
+        from specstudy.telemetry import parse_vllm_gauges
+
+        try:
+            _, text = _http("GET", self.metrics_url, timeout=5, api_key=self.api_key)
+        except OSError:
+            return False
+        g = parse_vllm_gauges(text or "")
+        return (g.get("vllm.num_requests_running") or 0) + (g.get("vllm.num_requests_waiting") or 0) > 0
+
     def _run(self) -> None:
         while not self._stop.wait(self.check_s):
+            if time.monotonic() - self._last > self.idle_s and self._busy():
+                self.touch()
             if time.monotonic() - self._last > self.idle_s:
                 self.fired = True
                 self.server.stop(grace_s=self.grace_s, reason="idle_timeout")

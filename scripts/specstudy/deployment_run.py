@@ -165,7 +165,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
         cells.append(entry)
     to_measure = [e for e in cells if e["reuse"] is None and "mismatch" not in e]
     previous = _previous_ok_record(out)
-    need_server = bool(to_measure) or spec["kind"] == "capacity" or previous is None
+    need_server = bool(to_measure) or spec["kind"] == "capacity"
     cell_records = []
 
     def publish(entry: dict, summary_path: Path, status: str) -> None:
@@ -195,14 +195,17 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": _rep_number(rep), "rep_label": rep}
 
     if not need_server:
-        log("every cell reused; no server started")
-        rec = dict(previous)
+        log("no cell to measure (all reused or refused); no server started")
+        rec = dict(previous or dict(record_base, schema="specstudy.deployment/1", status="ok", failure=None,
+                                    command=None, provenance=None, confounds=None, cache_config=None,
+                                    smoke={"captures": []}, times=times, kind=spec["kind"]))
         rec["cells"] = cell_records
         rec["reused_by"] = deployment_id
         _write_record(out, attempt, rec)
         return 0
 
     server = None
+    watchdog = None
     status, failure, command, provenance, confounds, cache_config, captures = "ok", None, None, None, None, None, []
     exit_code = 0
     served = spec["engine"]["target"]["served_model_name"]
@@ -215,6 +218,10 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
                 times["ready"] = deploy.utcnow()
                 log("server ready")
+                if eng.get("idle_timeout_s"):
+                    watchdog = deploy.IdleWatchdog(server, float(eng["idle_timeout_s"]), grace_s=float(eng["stop_grace_s"]),
+                                                   metrics_url=server.base_url + "/metrics",
+                                                   api_key=eng.get("api_key")).start()
             except deploy.DeploymentError as exc:
                 status = "failed"
                 failure = {"stage": exc.stage, "reason": exc.reason, "message": str(exc)}
@@ -233,6 +240,8 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
                                                               "confounds": deploy.parse_launch_log(log_text)}, out)
                 for e in to_measure:
+                    if watchdog is not None:
+                        watchdog.touch()
                     c = e["cell"]
                     cdir = attempt / _cell_rel(c)
                     prompts = corpusmod.load_prompts(c["corpus_dir"])
@@ -266,6 +275,12 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
             failure = {"stage": "cancelled", "reason": "signal", "message": f"job received signal {exc.signum}"}
             exit_code = 128 + exc.signum
         finally:
+            if watchdog is not None:
+                watchdog.close()
+                if watchdog.fired:
+                    status = "failed"
+                    failure = {"stage": "idle_watchdog", "reason": "idle_timeout",
+                               "message": f"server idle for more than {eng['idle_timeout_s']} s; stopped by the watchdog"}
             stop_info = server.stop(grace_s=float(eng["stop_grace_s"])) if server is not None else None
             times["stop"] = deploy.utcnow()
             log_path = attempt / "launch.log"

@@ -116,14 +116,6 @@ def corpora(results: Path) -> list[dict]:
     return out
 
 
-def capacity_files(results: Path) -> list[Path]:
-    """Placeholder for the capacity section: the capacity summary files present (another module analyses them)."""
-    cdir = results / "capacity"
-    if not cdir.is_dir():
-        return []
-    return sorted(p for p in cdir.rglob("*.json") if p.is_file())
-
-
 def selection_check(selection: dict | None) -> dict:
     """Did the selection use confirmation samples? Inspects every input path/phase it lists."""
     if not selection:
@@ -340,7 +332,6 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     sel = selection_check(sel_raw)
     if not sel["present"]:
         missing.append("no selection (results/selection/selection.json)")
-    cap = capacity_files(results)
     plots = out / "plots"
     B: list[Block] = []
     B.append(("h", 1, "Speculative decoding study report"))
@@ -408,12 +399,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     B.append(("table", ["id", "statement", "verdict", "evidence", "reason"],
               [[h["id"], h["statement"], h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
     _method_section(B, s)
-    B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
-    if cap:
-        B.append(("p", "Capacity search outputs present (analysed by the capacity module):"))
-        B.append(("ul", [str(p.relative_to(results)) for p in cap]))
-    else:
-        B.append(("p", "Missing: no results/capacity/ (capacity search not run)."))
+    _capacity_section(B, results, out)
 
     md = render_markdown(B)
     atomic.write_text(out / "report.md", md)
@@ -423,6 +409,42 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
                "model": model, "comparisons": comps, "memory_costs": mem}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
+
+
+def _capacity_section(B, results: Path, out: Path) -> None:
+    """Open-loop capacity (docs/capacity.md): knees per arm, kept apart from fixed-concurrency results."""
+    import shutil
+
+    from . import capacity
+
+    B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
+    knees = {p.parent.name: _load(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
+    knees = {a: k for a, k in knees.items() if isinstance(k, dict)}
+    if not knees:
+        B.append(("p", "Missing: no results/capacity/*/knee.json (run `snakemake capacity`)."))
+        return
+    B.append(("p", "Open-loop Poisson arrivals on an absolute timeline; each step is judged against the gates declared "
+                   "before the search (gates.json); the knee is the highest rate passing every gate, confirmed by "
+                   "repeated soaks at the knee and one step above. Steps that failed only the load-generator gate are "
+                   "client-limited and never count as server saturation."))
+    rows = []
+    for arm, k in knees.items():
+        dep = k.get("deployment") or {}
+        rows.append([arm, _f(k.get("knee_rps"), "{:.3g}"), k.get("status"), _f((k.get("client_capacity") or {}).get("rps"), "{:.3g}"),
+                     _f(capacity.kv_capacity_tokens(dep) if dep else None, "{:,.0f}"),
+                     "; ".join(str(r.get("code")) for r in k.get("reasons") or [] if isinstance(r, dict)) or "–"])
+    B.append(("table", ["arm", "knee (req/s)", "status", "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
+    if "baseline" in knees:
+        for arm, k in knees.items():
+            if arm != "baseline":
+                B.append(("p", f"**{arm}**: " + capacity.compare_knees(knees["baseline"], k) + "."))
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    for arm in knees:
+        src = results / "capacity" / arm / "capacity.png"
+        if src.exists():
+            shutil.copyfile(src, plots / f"capacity-{arm}.png")
+            B.append(("img", f"plots/capacity-{arm}.png", f"capacity search, {arm}: achieved rate and latency vs offered rate"))
 
 
 def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:

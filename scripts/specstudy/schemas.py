@@ -7,7 +7,7 @@ JSON path) and what is allowed, so a user can fix the input without reading code
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ class ValidationError(ValueError):
     """A record or config does not match its schema; the message is meant for the user."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_schema(name: str) -> dict:
     path = SCHEMA_DIR / f"{name}.schema.json"
     if not path.exists():
