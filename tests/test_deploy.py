@@ -570,3 +570,12 @@ def test_deployment_sigterm_stops_server_and_records_failure(tmp_path, fake_pyth
     rec = atomic.read_json(tmp_path / "results" / "deployment-failures" / "screen" / "baseline" / "rep1" / "dep-sig"
                            / "failure.json")
     assert rec["failure"]["stage"] == "signal" and rec["failure"]["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_server_does_not_inherit_the_jobs_thread_counts(monkeypatch):
+    """Snakemake exports OMP/MKL/... thread counts to jobs; the server must get only the configured ones."""
+    for var in deploy.INHERITED_THREAD_VARS:
+        monkeypatch.setenv(var, "2")
+    env = deploy.LocalProcessBackend({"model": "m", "env": {"OMP_NUM_THREADS": "1"}}).environment()
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert not (set(deploy.INHERITED_THREAD_VARS) - {"OMP_NUM_THREADS"}) & set(env)

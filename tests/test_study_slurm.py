@@ -66,6 +66,7 @@ def run(workdir, env, *args, check=True, timeout=900):
 
 
 def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_available):
+    slurm_env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env.get('PATH', '')}")  # `specstudy` in jobs
     rc, out = run(workdir, slurm_env, "screen")
     jobs = _submitted(out)
     assert len(jobs.get("deploy_screen", [])) == 2, (jobs, out[-4000:])      # one Slurm job per deployment

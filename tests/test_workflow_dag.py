@@ -23,7 +23,9 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
 def sm(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run([*SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, timeout=300,
+                          env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -160,3 +162,12 @@ def test_one_cell_is_rerun_by_asking_for_its_path(workdir):
     # everything else is up to date: the whole screen target needs only that deployment (+ its gate)
     counts = job_counts(sm(workdir, "-n", "screen").stdout)
     assert counts.get("deploy_screen") == 1 and "deploy_confirm" not in counts
+
+
+@pytest.mark.parametrize("target", ["confirm", "report", "capacity", "all"])
+def test_downstream_targets_dry_run_before_screening(workdir, target):
+    """Before any result exists, later targets dry-run: screening, then the selection checkpoint."""
+    out = sm(workdir, "-n", target).stdout
+    counts = job_counts(out)
+    assert counts["deploy_screen"] == 10 and counts["select"] == 1, counts
+    assert "deploy_confirm" not in counts   # decided only after the selection checkpoint has run

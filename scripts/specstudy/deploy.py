@@ -48,6 +48,10 @@ FAILURE_SCHEMA = "specstudy.deployment-failure/1"
 PROVENANCE_SCHEMA = "specstudy.provenance/1"
 CONFOUNDS_SCHEMA = "specstudy.confounds/1"
 
+#: Thread-count variables a workflow manager sets for its own jobs; never passed on to the server.
+INHERITED_THREAD_VARS = frozenset({"OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"})
+
 ENGINE_DEFAULTS: dict[str, Any] = {
     "backend": "local",
     "python": None,  # local: interpreter with vLLM (default: the harness's own); container: "python3"
@@ -459,7 +463,10 @@ class LocalProcessBackend:
         return list(argv)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # Snakemake exports its job's thread count (OMP_NUM_THREADS, MKL_NUM_THREADS, ...) to every
+        # job; inherited by the server they oversubscribe vLLM's own pinned threads (seen here: 50x
+        # slower decoding). The server's threading comes only from the engine config.
+        env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
         env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -561,7 +568,8 @@ class ContainerBackend(LocalProcessBackend):
         return srun + list(argv)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)  # the container's env comes from the EDF; srun itself needs the job env
+        # the container's env comes from the EDF; srun itself needs the job env (minus its thread counts)
+        env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
