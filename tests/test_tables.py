@@ -246,3 +246,13 @@ def test_cli(tree):
 
     assert main(["tables", "--results", str(tree), "--out", str(tree / "tables")]) == 0
     assert (tree / "tables" / "cells.parquet").exists()
+
+
+def test_confounds_read_the_launch_log_parser_shape():
+    """deploy.parse_launch_log records async scheduling as {enabled, method, source, statement}."""
+    from specstudy.tables import confound_fields
+
+    row = confound_fields({"async_scheduling": {"enabled": False, "method": "ngram", "source": "log"}})
+    assert row["async_scheduling"] is False
+    assert confound_fields({"async_scheduling": {"enabled": True}})["async_scheduling"] is True
+    assert confound_fields({})["async_scheduling"] is None

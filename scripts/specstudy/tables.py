@@ -275,7 +275,10 @@ def confound_fields(confounds: dict | None, cache_config: dict | None = None) ->
         blocks, bs = _num(first(c.get("num_gpu_blocks"), cc.get("num_gpu_blocks"))), _num(cc.get("block_size"))
         if blocks is not None and bs is not None:
             kv = blocks * bs
-    async_sched = _bool(first(c.get("async_scheduling"), c.get("async_scheduling_enabled")))
+    raw_async = first(c.get("async_scheduling"), c.get("async_scheduling_enabled"))
+    if isinstance(raw_async, dict):  # deploy.parse_launch_log: {enabled, method, source, statement}
+        raw_async = raw_async.get("enabled")
+    async_sched = _bool(raw_async)
     return {
         "kv_cache_tokens": kv,
         "async_scheduling": async_sched,
