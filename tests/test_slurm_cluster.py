@@ -122,8 +122,8 @@ def test_scancel_is_a_failure_and_leaves_no_process(tmp_path, local_slurm, slurm
                 echo $SLURM_JOB_ID > started
                 # the token makes this job's processes findable in /proc
                 bash -c 'sleep 300; : {token}' &
-                wait
-                echo done > {{output}}
+                # the output only when the sleep really finished (scancel may kill it before the trap runs)
+                wait $! && echo done > {{output}}
                 \"\"\"
     """))
     profile = _copy_profile(tmp_path)

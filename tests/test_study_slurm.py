@@ -57,7 +57,8 @@ def workdir(tmp_path, fixture_models):
 
 
 def run(workdir, env, *args, check=True, timeout=900):
-    cmd = [SNAKEMAKE, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml", *args]
+    # targets first: --configfile takes several values and would swallow them
+    cmd = [SNAKEMAKE, *args, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml"]
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     if check and proc.returncode != 0:
@@ -82,7 +83,7 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
         assert cell["keys"]["deployment_id"] == rec["deployment_id"]
 
     # Re-run one cell by asking for its path: exactly one new Slurm job.
-    rc, out = run(workdir, slurm_env, "--forcerun", CELL.format(arm="ngram-k2"))
+    rc, out = run(workdir, slurm_env, CELL.format(arm="ngram-k2"), "--forcerun", CELL.format(arm="ngram-k2"))
     jobs = _submitted(out)
     assert jobs.get("deploy_screen") and len(jobs["deploy_screen"]) == 1, (jobs, out[-3000:])
     assert sum(len(v) for v in jobs.values()) == 1
@@ -90,8 +91,8 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     # Cancel a deployment mid-way: a failure record, then the study resumes.
     for f in ("results/screen/baseline/rep1/deployment.json", CELL.format(arm="baseline")):
         (workdir / f).unlink()
-    proc = subprocess.Popen([SNAKEMAKE, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml",
-                             CELL.format(arm="baseline")], cwd=workdir, env=slurm_env,
+    proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local",
+                             "--configfile", "config/study-small.yaml"], cwd=workdir, env=slurm_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     attempts = workdir / "results/screen/baseline/rep1/attempts"
     before = set(attempts.iterdir())

@@ -109,11 +109,17 @@ def fake_screening(workdir: Path) -> None:
 def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
     out = sm(workdir, "-n", "screen").stdout
     counts = job_counts(out)
-    # 5 arms x 2 repeats, plus one interleaved drift baseline per block
+    # 5 arms x 2 repeats; the embedded default declares no extra drift baselines
     assert counts["deploy_screen"] == 10
-    assert counts.get("deploy_drift", 0) == 1
+    assert "deploy_drift" not in counts
     assert counts["gate"] == 4
     assert "deploy_confirm" not in counts and "select" not in counts
+    # with two blocks and one interleaved drift baseline per block
+    cfg = workdir / "config" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n")
+                   .replace("drift_baselines_per_block: 0", "drift_baselines_per_block: 1"))
+    counts = job_counts(sm(workdir, "-n", "-p", "screen").stdout)
+    assert counts["deploy_screen"] == 10 and counts["deploy_drift"] == 2
 
 
 def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_picks(workdir):
