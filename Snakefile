@@ -5,7 +5,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default study, unless --configfile names another study: a study config is complete
+# on its own and is never merged with this one (defaults of the CPU study must not leak into it).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"

@@ -19,6 +19,14 @@ except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
 PREREG_FILE = str(prereg_path(config))
+_LOCK = Path("results/screen/prereg-lock.json")
+if _LOCK.exists():
+    _locked = json.loads(_LOCK.read_text()).get("preregistration")
+    if _locked and os.path.abspath(_locked) != os.path.abspath(PREREG_FILE):
+        raise WorkflowError(
+            f"results/ belongs to the study pre-registered in {_locked} ({_LOCK}), but this config "
+            f"pre-registers {PREREG_FILE}. One study per results/ directory: move results/ away "
+            "(or run from another working directory with --directory) before starting this study.")
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])

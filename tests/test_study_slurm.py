@@ -35,13 +35,13 @@ def _servers() -> list[int]:
     return out
 
 
-def _submitted(text: str) -> dict[str, list[str]]:
-    """rule -> Slurm job ids, from Snakemake's output."""
+def _submitted(text: str, env: dict) -> dict[str, list[str]]:
+    """rule -> Slurm job ids: the ids Snakemake reports, the rule from the job's comment in slurmctld."""
     jobs: dict[str, list[str]] = {}
-    rule_of_job = dict(re.findall(r"rule (\w+):\n(?:.*\n)*?\s+jobid: (\d+)", text))
-    by_id = {v: k for k, v in rule_of_job.items()}
-    for jid, slurm in re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", text):
-        jobs.setdefault(by_id.get(jid, "?"), []).append(slurm)
+    for slurm in re.findall(r"has been submitted with SLURM jobid (\d+)", text):
+        out = subprocess.run(["scontrol", "-o", "show", "job", slurm], env=env, capture_output=True, text=True, timeout=10)
+        fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+        jobs.setdefault(fields.get("Comment", "?").removeprefix("rule_").split("_wildcards")[0], []).append(slurm)
     return jobs
 
 
@@ -51,14 +51,14 @@ def workdir(tmp_path, fixture_models):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    shutil.copy(ROOT / "tests" / "data" / "study-small.yaml", tmp_path / "config" / "study-small.yaml")
+    # the small study replaces the default one (a --configfile would be merged into it)
+    shutil.copy(ROOT / "tests" / "data" / "study-small.yaml", tmp_path / "config" / "config.yaml")
     shutil.copytree(fixture_models["dir"], tmp_path / "results" / "models" / "fixture")
     return tmp_path
 
 
 def run(workdir, env, *args, check=True, timeout=900):
-    # targets first: --configfile takes several values and would swallow them
-    cmd = [SNAKEMAKE, *args, "--profile", "profiles/slurm-local", "--configfile", "config/study-small.yaml"]
+    cmd = [SNAKEMAKE, *args, "--profile", "profiles/slurm-local"]
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     if check and proc.returncode != 0:
@@ -69,7 +69,7 @@ def run(workdir, env, *args, check=True, timeout=900):
 def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_available):
     slurm_env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env.get('PATH', '')}")  # `specstudy` in jobs
     rc, out = run(workdir, slurm_env, "screen")
-    jobs = _submitted(out)
+    jobs = _submitted(out, slurm_env)
     assert len(jobs.get("deploy_screen", [])) == 2, (jobs, out[-4000:])      # one Slurm job per deployment
     assert _servers() == []
     for arm in ("baseline", "ngram-k2"):
@@ -84,15 +84,15 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
 
     # Re-run one cell by asking for its path: exactly one new Slurm job.
     rc, out = run(workdir, slurm_env, CELL.format(arm="ngram-k2"), "--forcerun", CELL.format(arm="ngram-k2"))
-    jobs = _submitted(out)
+    jobs = _submitted(out, slurm_env)
     assert jobs.get("deploy_screen") and len(jobs["deploy_screen"]) == 1, (jobs, out[-3000:])
     assert sum(len(v) for v in jobs.values()) == 1
 
     # Cancel a deployment mid-way: a failure record, then the study resumes.
     for f in ("results/screen/baseline/rep1/deployment.json", CELL.format(arm="baseline")):
         (workdir / f).unlink()
-    proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local",
-                             "--configfile", "config/study-small.yaml"], cwd=workdir, env=slurm_env,
+    proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local"],
+                            cwd=workdir, env=slurm_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     attempts = workdir / "results/screen/baseline/rep1/attempts"
     before = set(attempts.iterdir())
