@@ -20,11 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.vllm
 
 
-def _vllm_servers() -> list[psutil.Process]:
+def _vllm_servers(root: Path) -> list[psutil.Process]:
+    """vLLM servers started under ``root`` (other studies on the machine are not ours to judge)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []):
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and \
+                    p.cwd().startswith(str(root)):
                 out.append(p)
         except psutil.Error:
             pass
@@ -70,7 +72,7 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 2}])
     out = tmp_path / "results" / "screen" / "draft-k2-tp1" / "rep1"
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
-    assert _vllm_servers() == [], "a vLLM server outlived its deployment"
+    assert _vllm_servers(tmp_path) == [], "a vLLM server outlived its deployment"
 
     rec = atomic.read_json(out / "deployment.json")
     assert rec["status"] == "ok", rec.get("failure")
@@ -115,7 +117,7 @@ def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built
     spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 1}])
     out = tmp_path / "results" / "screen" / "ngram-k2" / "rep1"
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
-    assert _vllm_servers() == []
+    assert _vllm_servers(tmp_path) == []
     rec = atomic.read_json(out / "deployment.json")
     assert rec["status"] == "failed"
     failure = atomic.read_json(rec["failure"]["record"])

@@ -24,11 +24,13 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 CELL = "results/screen/{arm}/rep1/code/c1/summary.json"
 
 
-def _servers() -> list[int]:
+def _servers(root: Path) -> list[int]:
+    """vLLM servers started under ``root`` (other studies on the machine are not ours to judge)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []):
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and \
+                    p.cwd().startswith(str(root)):
                 out.append(p.pid)
         except psutil.Error:
             pass
@@ -71,7 +73,7 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     rc, out = run(workdir, slurm_env, "screen")
     jobs = _submitted(out, slurm_env)
     assert len(jobs.get("deploy_screen", [])) == 2, (jobs, out[-4000:])      # one Slurm job per deployment
-    assert _servers() == []
+    assert _servers(workdir) == []
     for arm in ("baseline", "ngram-k2"):
         rec = json.loads((workdir / f"results/screen/{arm}/rep1/deployment.json").read_text())
         assert rec["status"] == "ok", rec.get("failure")
@@ -91,6 +93,9 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     # Cancel a deployment mid-way: a failure record, then the study resumes.
     for f in ("results/screen/baseline/rep1/deployment.json", CELL.format(arm="baseline")):
         (workdir / f).unlink()
+    # nothing left to reuse: the next deployment job must start a server and measure
+    shutil.rmtree(workdir / "results/screen/baseline/rep1/attempts")
+    (workdir / "results/screen/baseline/rep1/attempts").mkdir()
     proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local"],
                             cwd=workdir, env=slurm_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -100,7 +105,7 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     job_id = None
     while time.time() < deadline:
         new = [a for a in attempts.iterdir() if a not in before and (a / "launch.log").exists()]
-        if new and "Uvicorn running" in (new[0] / "launch.log").read_text(errors="replace") or (new and _servers()):
+        if new and _servers(workdir):  # the job has launched its server: cancel it mid-deployment
             q = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True)
             job_id = q.stdout.split()[0] if q.stdout.split() else None
             if job_id:
@@ -111,7 +116,7 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0, out[-3000:]
     time.sleep(2)
-    assert _servers() == [], "a vLLM server survived scancel"
+    assert _servers(workdir) == [], "a vLLM server survived scancel"
     failures = list((workdir / "results/deployment-failures/screen/baseline/rep1").glob("*/failure.json"))
     assert failures, out[-3000:]
     rec = json.loads(failures[0].read_text())
@@ -120,4 +125,4 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     rc, out = run(workdir, slurm_env, CELL.format(arm="baseline"))
     cell = json.loads((workdir / CELL.format(arm="baseline")).read_text())
     assert cell["validity"]["valid"]
-    assert _servers() == []
+    assert _servers(workdir) == []

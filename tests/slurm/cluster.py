@@ -88,7 +88,7 @@ class LocalSlurm:
     """A one-node Slurm in ``root``. Start with ``start()`` or ``with LocalSlurm(root) as c:``."""
 
     def __init__(self, root: str | os.PathLike, *, partition: str = "normal", cpus: int | None = None,
-                 mem_mib: int | None = None, start_timeout_s: float = 60.0):
+                 mem_mib: int | None = None, start_timeout_s: float = 180.0):
         self.root = Path(root).resolve()
         self.partition = partition
         self.nodename = socket.gethostname().split(".")[0]
@@ -175,7 +175,7 @@ class LocalSlurm:
 
     # -- daemons ---------------------------------------------------------------------------------
     def _run(self, argv: list[str], what: str) -> None:
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=self.start_timeout_s)
         if proc.returncode != 0:
             raise SlurmStartError(f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n"
                                   f"{proc.stdout}{proc.stderr}\n{self.logs_tail()}")
