@@ -122,7 +122,10 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     rec = json.loads(failures[0].read_text())
     assert rec["failure"]["stage"] == "cancelled" and "signal" in rec["failure"]["message"]
 
+    # the cancelled job left its outputs missing: asking again resumes the study on a new deployment
+    assert not (workdir / CELL.format(arm="baseline")).exists()
     rc, out = run(workdir, slurm_env, CELL.format(arm="baseline"))
     cell = json.loads((workdir / CELL.format(arm="baseline")).read_text())
-    assert cell["validity"]["valid"]
+    assert cell["validity"]["valid"], cell["validity"]
+    assert cell["keys"]["deployment_id"] != rec["deployment_id"]
     assert _servers(workdir) == []

@@ -304,7 +304,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                                             command=command, message=failure.get("message"), provenance=provenance,
                                             confounds=confounds, times=times, secrets=getattr(server, "secrets", ()))
         failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))
-        for e in to_measure:
+        for e in to_measure if not exit_code else []:  # cancelled: leave the cells missing so the study resumes
             if not any(r["workload"] == e["cell"]["workload"] and r["concurrency"] == int(e["cell"]["concurrency"])
                        for r in cell_records):
                 write_failed(e, "deployment_failed", f"deployment {deployment_id} failed at {failure['stage']}: "
@@ -315,7 +315,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                order=spec.get("order"))
     if status != "ok" and previous is not None and not captures:
         rec["smoke"] = previous.get("smoke", {"captures": []})
-    _write_record(out, attempt, rec)
+    _write_record(out, attempt, rec, publish=not exit_code)
     if exit_code:
         log(f"deployment {deployment_id} cancelled; exiting {exit_code}")
     return exit_code
@@ -333,12 +333,15 @@ def _pin_client(cpus, log) -> None:
     log(f"load generator pinned to CPUs {sorted(usable)}")
 
 
-def _write_record(out: Path, attempt: Path, rec: dict) -> None:
+def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> None:
+    """The record goes to the attempt; ``publish`` also makes it the declared ``deployment.json``
+    (not for a cancelled job: its outputs stay missing, so re-running the target resumes the study)."""
     from . import schemas
 
     schemas.validate(rec, "deployment", f"{attempt}/record.json")
     atomic.write_json(attempt / "record.json", rec)
-    atomic.write_json(out / "deployment.json", rec)
+    if publish:
+        atomic.write_json(out / "deployment.json", rec)
 
 
 def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path) -> None:
