@@ -122,8 +122,10 @@ def test_scancel_is_a_failure_and_leaves_no_process(tmp_path, local_slurm, slurm
                 echo $SLURM_JOB_ID > started
                 # the token makes this job's processes findable in /proc
                 bash -c 'sleep 300; : {token}' &
-                # the output only when the sleep really finished (scancel may kill it before the trap runs)
-                wait $! && echo done > {{output}}
+                # the shell itself stays busy in short sleeps, so it is alive to run its trap whatever
+                # order scancel's signals reach the step's processes in
+                for i in $(seq 1500); do sleep 0.2; done
+                echo done > {{output}}
                 \"\"\"
     """))
     profile = _copy_profile(tmp_path)
