@@ -5,6 +5,7 @@ A reader (or Snakemake with ``--keep-incomplete``) therefore never sees a half-w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -73,3 +74,12 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
             if line:
                 rows.append(json.loads(line))
     return rows
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

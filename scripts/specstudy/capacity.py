@@ -26,7 +26,6 @@ The search logic (:func:`search`) only needs ``step_runner(rate) -> StepResult``
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import os
@@ -889,11 +888,8 @@ def plot_capacity(steps: list[dict], soaks: list[dict], knee: dict, gates: dict,
 
 
 def _sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
+    return atomic.sha256_file(path)
 
 
 def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir, metrics_url: str | None,

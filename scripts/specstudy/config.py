@@ -7,11 +7,10 @@ name the field and the fix.
 from __future__ import annotations
 
 import copy
-import hashlib
 from pathlib import Path
 from typing import Any
 
-from . import schemas
+from . import atomic, schemas
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,12 +31,9 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def sha256_file(path) -> str:
+    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
+    return atomic.sha256_file(path)
 
 
 def check_config(cfg: dict, source: str = "<config>") -> dict:

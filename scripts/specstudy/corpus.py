@@ -64,12 +64,9 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def file_sha256(path) -> str:
+    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
+    return atomic.sha256_file(path)
 
 
 def dir_sha256(path: str | os.PathLike, pattern: str = "*.txt") -> str:

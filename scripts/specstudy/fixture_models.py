@@ -12,7 +12,6 @@ is recorded in ``models.json``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -77,12 +76,9 @@ def _row_text(row) -> str:
     return str(prompt) or json.dumps(row)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _sha256_file(path) -> str:
+    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
+    return atomic.sha256_file(path)
 
 
 def train_tokenizer(docs: list[str], vocab_size: int, out_dir: Path):
