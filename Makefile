@@ -35,6 +35,7 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/loadgen.py
+	$(BIN)/python benchmarks/autogroup.py
 
 clean-results:
 	rm -rf results .snakemake

@@ -324,7 +324,7 @@ class Server:
 
     @property
     def pgid(self) -> int:
-        return self.proc.pid  # start_new_session=True: the child leads its own group
+        return self.proc.pid  # process_group=0: the child leads its own process group
 
     def exited(self) -> int | None:
         return self.proc.poll()
@@ -369,7 +369,7 @@ def _group_members(pgid: int, extra_pids: set[int] = frozenset()) -> list[int]:
 
 
 def stop_process_group(proc: subprocess.Popen, *, grace_s: float = 30.0, reason: str = "finished") -> dict:
-    """Stop a process group started with ``start_new_session=True``; return what happened."""
+    """Stop a process group started with ``process_group=0``; return what happened."""
     import psutil
 
     pgid = proc.pid
@@ -486,8 +486,11 @@ class LocalProcessBackend:
         log_fh.write(f"# specstudy launch {utcnow()}: {shlex.join(redact_argv(full, secrets))}\n")
         log_fh.flush()
         try:
+            # Own process group (killed as one), but the job's session: a new session (setsid) is a new
+            # scheduler autogroup, and vLLM's sched_yield spin loops in another autogroup starve the load
+            # generator's threads for hundreds of ms on a 2-core node (docs/deployments.md, benchmarks/autogroup.py).
             proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, cwd=self.cfg.get("cwd") or None)
+                                    env=env, process_group=0, cwd=self.cfg.get("cwd") or None)
         except OSError as exc:
             log_fh.write(f"# failed to start: {exc}\n")
             log_fh.close()
