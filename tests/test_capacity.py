@@ -143,9 +143,9 @@ def test_knee_above_declared_client_capacity_refused():
     assert out.soaks == []  # no confirmation of a refused knee
 
 
-def test_soaks_disagree_unconfirmed():
+def test_soaks_disagree_unconfirmed_without_moves():
     # bisection finds ~10, but the knee does not hold in the soaks
-    cfg = dict(SEARCH, soak={"count": 3, "duration_s": 10})
+    cfg = dict(SEARCH, soak={"count": 3, "duration_s": 10, "max_moves": 0})
     out = capacity.search(synthetic(10.0), GATES, cfg, soak_runner=synthetic(9.0))
     k = out.knee
     assert k["status"] == "unconfirmed"
@@ -154,6 +154,50 @@ def test_soaks_disagree_unconfirmed():
     out2 = capacity.search(synthetic(10.0), GATES, cfg, soak_runner=synthetic(50.0))
     assert out2.knee["status"] == "unconfirmed"
     assert [r["code"] for r in out2.knee["reasons"]] == ["above_soak_passed"]
+
+
+def test_knee_that_does_not_hold_moves_down_one_step_and_is_confirmed():
+    # the search sees a knee of 10, the longer soaks only sustain 9.8: the knee moves down one step
+    out = capacity.search(synthetic(10.0), GATES, SEARCH, soak_runner=synthetic(9.8))
+    k, c = out.knee, out.knee["confirmation"]
+    first_knee = k["bracket"]["last_pass_rps"]
+    assert first_knee > 9.8 and k["status"] == "confirmed", k
+    assert [m["direction"] for m in c["moves"]] == ["down"]
+    assert k["knee_rps"] < 9.8 <= k["step_above_rps"] == first_knee
+    assert (first_knee - k["knee_rps"]) / k["knee_rps"] <= SEARCH["resolution_frac"] + 1e-9
+    # the failed knee's soaks are reused as the evidence above: 3 soaks at each of 3 rates, not 4
+    assert len(out.soaks) == 9 and c["above_verdicts"] == ["fail"] * 3 and c["knee_verdicts"] == ["pass"] * 3
+    assert sorted(x["rate_rps"] for x in c["soaked"]) == sorted({s["offered_rate"] for s in out.soaks})
+    for row in out.soaks:
+        schemas.validate(row, "capacity-step")
+
+
+def test_sustained_step_above_moves_the_knee_up():
+    cfg = dict(SEARCH, resolution_frac=0.2)
+    out = capacity.search(synthetic(10.0), GATES, cfg, soak_runner=synthetic(12.0))  # the search stops at 9.5 | 11.3
+    k, c = out.knee, out.knee["confirmation"]
+    assert k["status"] == "confirmed" and [m["direction"] for m in c["moves"]] == ["up"], k
+    assert k["knee_rps"] <= 12.0 < k["step_above_rps"] and k["knee_rps"] > k["bracket"]["last_pass_rps"]
+
+
+def test_knee_moves_up_past_the_highest_step_the_client_has_driven_so_far():
+    # bracket 1..8 pass, 16 fails, 11.3 fails: knee 8, step above 11.3. The soaks sustain 11.3, then 16
+    # (the next failed step, the highest rate driven so far); the second move puts the step above at
+    # 24, beyond the client capacity proven by the search, and its soaks are the first to drive it
+    cfg = dict(SEARCH, resolution_frac=0.5)
+    out = capacity.search(synthetic(10.0), GATES, cfg, soak_runner=synthetic(20.0))
+    k = out.knee
+    assert k["client_capacity"]["rps"] == 16.0
+    assert k["status"] == "confirmed" and k["knee_rps"] == 16.0 and k["step_above_rps"] == 24.0, k
+    assert [m["direction"] for m in k["confirmation"]["moves"]] == ["up", "up"]
+
+
+def test_a_knee_that_keeps_failing_runs_out_of_moves():
+    out = capacity.search(synthetic(10.0), GATES, dict(SEARCH, soak={"count": 2, "duration_s": 1, "max_moves": 1}),
+                          soak_runner=synthetic(5.0))
+    k = out.knee
+    assert k["status"] == "unconfirmed" and len(k["confirmation"]["moves"]) == 1
+    assert {"knee_soak_failed", "soak_moves_exhausted"} <= {r["code"] for r in k["reasons"]}
 
 
 def test_step_budget_reported():
@@ -199,6 +243,8 @@ def test_run_capacity_outputs_and_gates_first(tmp_path):
     sentence = capacity.compare_knees(base, out_dir / "knee.json")
     assert sentence.startswith("the draft costs 20.0% of the KV pool")
     assert "moves the knee by +" in sentence and "(8 ->" in sentence
+    ngram = dict(knee, knee_rps=9.0, deployment={"kv_capacity_tokens": 20000, "arm": {"method": "ngram"}})
+    assert capacity.compare_knees(base, ngram).startswith("n-gram speculation (no draft model) costs 0.0% of the KV pool")
 
 
 def test_bad_gates_name_the_field(tmp_path, capsys):
@@ -317,6 +363,7 @@ def test_gates_from_study_config_file(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("capacity:\n  gates:\n    ttft_p95_ms: 123\n  search:\n    soak: {count: 1}\n", encoding="utf-8")
     assert capacity.resolve_gates(capacity.load_json_or_file(str(cfg), "gates"))["ttft_p95_ms"] == 123
-    assert capacity.resolve_search(capacity.load_json_or_file(str(cfg), "search"))["soak"] == {"count": 1, "duration_s": 300.0}
+    assert capacity.resolve_search(capacity.load_json_or_file(str(cfg), "search"))["soak"] == {"count": 1, "duration_s": 300.0,
+                                                                                            "max_moves": 2}
     with pytest.raises(ValueError, match="start_rate_rps"):
         capacity.resolve_search({"start_rate_rps": 1000, "max_rate_rps": 10})

@@ -52,8 +52,7 @@ def _spec(fixture_models, built, arm, cells):
                               "max_model_len": 1024, "dtype": "float32"},
                    "draft": {"path": fixture_models["draft"]},
                    "server": {"gpu_memory_utilization": 0.1,
-                              "extra_args": ["--enforce-eager", "--max-num-seqs", "8", "--no-enable-prefix-caching",
-                                             "--distributed-executor-backend", "uni"],
+                              "extra_args": ["--enforce-eager", "--max-num-seqs", "8", "--no-enable-prefix-caching"],
                               "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
                                       "OMP_NUM_THREADS": "1"},
                               "ready_timeout_s": 300, "stop_grace_s": 15}},
@@ -127,3 +126,34 @@ def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built
     cell = atomic.read_json(out / "code" / "c1" / "summary.json")
     assert not cell["validity"]["valid"]
     assert [r["code"] for r in cell["validity"]["reasons"]] == ["deployment_failed"]
+
+
+def test_capacity_search_on_a_real_server(tmp_path, fixture_models, built, vllm_available, monkeypatch):
+    """A short open-loop search on real vllm-cpu: the low steps pass every gate, the client gates
+    included (a load generator starved by the server's spin loops was refused as client-limited at
+    1 rps before the server moved into the job's session), and the search ends in a knee decision."""
+    monkeypatch.chdir(tmp_path)
+    arm = {"name": "baseline", "method": "baseline"}
+    spec = _spec(fixture_models, built, arm, [])
+    spec.update(phase="capacity", kind="capacity", capacity_corpus_dir=built["code"], capacity={
+        "enabled": True, "workload": "code",
+        "gates": {"ttft_p95_ms": 1000, "tpot_p95_ms": 50, "max_error_rate": 0.01,
+                  "client": {"max_lateness_p99_ms": 25, "max_event_loop_lag_p99_ms": 50, "max_pool_wait_p99_ms": 50,
+                             "max_cpu_share": 0.9, "honour_loadgen_flag": False}},
+        "search": {"start_rate_rps": 1, "growth": 4.0, "max_rate_rps": 64, "resolution_frac": 1.0, "max_steps": 5,
+                   "step_duration_s": 5, "warmup_s": 1, "soak": {"count": 1, "duration_s": 5}}})
+    out = tmp_path / "results" / "capacity" / "baseline"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert _vllm_servers(tmp_path) == []
+
+    knee = atomic.read_json(out / "knee.json")
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert (out / "gates.json").stat().st_mtime <= (out / "steps.jsonl").stat().st_mtime  # gates declared first
+    first = steps[0]
+    assert first["offered_rate"] == 1 and first["verdict"] == "pass", first
+    assert first["lateness_p99_ms"] < 25 and first["event_loop_lag_p99_ms"] < 50
+    assert first["ttft_p95_ms"] < 1000 and first["error_rate"] == 0
+    assert not any("server_restarted" in " ".join(s["notes"]) for s in steps)
+    assert knee["status"] in ("confirmed", "unconfirmed", "no_knee_below_max"), knee["reasons"]
+    assert knee["knee_rps"] >= 1 and knee["client_capacity"]["rps"] >= knee["knee_rps"]
+    assert knee["deployment"]["kv_capacity_tokens"] > 0

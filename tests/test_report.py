@@ -22,8 +22,10 @@ def test_report_full_tree(tmp_path):
     for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
         (res / "capacity" / arm).mkdir(parents=True)
         (res / "capacity" / arm / "knee.json").write_text(json.dumps(
-            {"arm": arm, "status": "confirmed", "knee_rps": knee, "client_capacity": {"rps": 64.0},
-             "deployment": {"cache_config": {"kv_cache_tokens": kv}}, "reasons": []}))
+            {"arm": arm, "status": "confirmed", "knee_rps": knee, "step_above_rps": knee * 1.25,
+             "client_capacity": {"rps": 64.0}, "deployment": {"cache_config": {"kv_cache_tokens": kv}}, "reasons": [],
+             "confirmation": {"knee_verdicts": ["pass"] * 3, "above_verdicts": ["fail", "pass", "fail"],
+                              "moves": [{"from_knee_rps": knee * 1.25, "to_knee_rps": knee, "direction": "down"}]}}))
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH}}))
     from specstudy.cli import main
@@ -39,7 +41,7 @@ def test_report_full_tree(tmp_path):
                    "NO — every selection input comes from screening", "winner's curse", "CC-BY-4.0",
                    "loadgen_limited", "engine refused draft TP 1", "Drift", "EXPLANATORY",
                    "| H4 |", "untestable", "draft-k3-tp4 vs baseline: differs in async_scheduling",
-                   "| draft-k3-tp4 | 5 | confirmed |", "the draft costs 20.0% of the KV pool",
+                   "| draft-k3-tp4 | 5 | 6.25 | confirmed | 3/3 pass, 2/3 fail |", "knee moved down from 6.25", "the draft costs 20.0% of the KV pool",
                    "moves the knee by +1 req/s", "Control's worst case", "nothing: all inputs present"):
         assert needle in md, needle
     assert "<table>" in html and "plots/speedup.png" in html

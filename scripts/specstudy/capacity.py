@@ -15,9 +15,12 @@ Algorithm (see ``docs/capacity.md``):
    and bounds the search as the *client ceiling*, never as server saturation. A knee above the
    proven client capacity (configured, or the highest rate the client drove without limitation)
    is refused.
-5. *Confirmation*: ``soak.count`` soaks of ``soak.duration_s`` alternating at the knee and at the
-   step above (``hi``), on the same deployment. The knee stands only if every knee soak passes and a
-   strict majority of the above soaks fail.
+5. *Confirmation*: ``soak.count`` soaks of ``soak.duration_s`` at the knee, then at the step above
+   (``hi``), on the same deployment. A rate is *sustained* when every soak there passes the server
+   gates; the knee stands (``confirmed``) when the knee is sustained and the step above is not (at
+   least one soak fails). When they disagree the knee moves by one step, at most ``soak.max_moves``
+   times: down (the failed knee becomes the step above, its soaks reused) or up (the sustained step
+   above becomes the knee). Client-limited soaks stop the confirmation.
 
 The search logic (:func:`search`) only needs ``step_runner(rate) -> StepResult``; the real runner
 (:func:`make_step_runner`) drives :func:`specstudy.loadgen.run_open_loop` and samples ``/metrics``.
@@ -74,7 +77,7 @@ DEFAULT_SEARCH: dict[str, Any] = {
     "sample_interval_s": 1.0,
     "arrival_seed": 0,
     "request_timeout_s": 600.0,
-    "soak": {"count": 3, "duration_s": 300.0},
+    "soak": {"count": 3, "duration_s": 300.0, "max_moves": 2},
 }
 
 SERVER_GATES = ("ttft_p95", "tpot_p95", "error_rate", "backlog_slope", "preemptions", "kv_cache_usage")
@@ -436,25 +439,72 @@ def search(
         status = "refused"
         reasons.append({"code": "client_capacity_unknown", "detail": "no step proved the client could drive any rate"})
 
-    # 4. confirm with soaks at the knee and at the step above
+    # 4. confirm with soaks at the knee and at the step above; move by one step when they disagree
     soak_cfg = cfg["soak"]
-    confirmation = {"count": soak_cfg["count"], "duration_s": soak_cfg["duration_s"], "knee_verdicts": [],
-                    "above_verdicts": [], "knee_all_pass": None, "above_fail_majority": None, "confirmed": False}
+    count = int(soak_cfg["count"])
+    moves_left = int(soak_cfg.get("max_moves", 2))
+    confirmation = {"count": count, "duration_s": soak_cfg["duration_s"], "knee_verdicts": [],
+                    "above_verdicts": [], "knee_all_pass": None, "above_any_fail": None, "above_fail_majority": None,
+                    "confirmed": False, "moves": [], "soaked": []}
     if status == "candidate":
         srun = soak_runner or step_runner
-        for i in range(int(soak_cfg["count"])):
-            for where, r in (("knee", knee), ("above", above)):
-                res = srun(r)
-                row = step_row(res, judge(res, gates), index=len(soaks), phase=f"soak_{where}", arm=arm)
-                row["soak_round"] = i
-                soaks.append(row)
-                confirmation[f"{where}_verdicts"].append(row["verdict"])
-                if on_soak:
-                    on_soak(row)
-        kv, av = confirmation["knee_verdicts"], confirmation["above_verdicts"]
-        confirmation["knee_all_pass"] = bool(kv) and all(x == "pass" for x in kv)
-        confirmation["above_fail_majority"] = bool(av) and sum(x == "fail" for x in av) * 2 > len(av)
-        confirmation["confirmed"] = confirmation["knee_all_pass"] and confirmation["above_fail_majority"]
+        verdicts: dict[float, list[str]] = {}  # rate -> soak verdicts, reused when the knee moves
+        rnd = [0]
+
+        def soak(pairs: list[tuple[float, str]]) -> None:
+            """``count`` rounds over the rates not soaked yet, alternating between them."""
+            todo = [(r, w) for r, w in pairs if r not in verdicts]
+            for r, _ in todo:
+                verdicts[r] = []
+            for i in range(count):
+                for r, where in todo:
+                    res = srun(r)
+                    row = step_row(res, judge(res, gates), index=len(soaks), phase=f"soak_{where}", arm=arm)
+                    row["soak_round"] = i
+                    row["confirm_round"] = rnd[0]
+                    soaks.append(row)
+                    verdicts[r].append(row["verdict"])
+                    if on_soak:
+                        on_soak(row)
+
+        step = 1.0 + float(cfg["resolution_frac"])
+        passed = sorted(s["offered_rate"] for s in steps if s["verdict"] == "pass")
+        failed = sorted(s["offered_rate"] for s in steps if s["verdict"] == "fail")
+        while True:
+            soak([(knee, "knee"), (above, "above")])
+            kv, av = verdicts[knee], verdicts[above]
+            k_ok = bool(kv) and all(x == "pass" for x in kv)
+            a_fail = any(x == "fail" for x in av)
+            limited = any(x == "client_limited" for x in kv + av)
+            if (k_ok and a_fail) or limited or not kv or moves_left <= 0:
+                break
+            if not k_ok:  # the knee is not sustained: the next lower rate, within one step
+                below = [r for r in passed if r < knee * (1 - 1e-9)]
+                new_knee = max(below[-1], knee / step) if below else knee / step
+                move = {"from_knee_rps": knee, "to_knee_rps": new_knee, "direction": "down",
+                        "why": f"a knee soak failed at {knee:.4g} rps: {kv}"}
+                knee, above = new_knee, knee
+            else:  # every soak above passed: the knee is higher, by one step
+                if above >= cfg["max_rate_rps"] or (capacity["rps"] is not None and above > capacity["rps"] * (1 + 1e-9)):
+                    break  # the new knee would lie beyond what is testable: stays unconfirmed
+                # (the new step above may exceed the client capacity proven so far: its soaks prove or
+                # refute the client there, and a client-limited soak stops the confirmation)
+                higher = [r for r in failed if r > above * (1 + 1e-9)]
+                new_above = min(higher[0], above * step) if higher else above * step
+                move = {"from_knee_rps": knee, "to_knee_rps": above, "direction": "up",
+                        "why": f"every soak passed at the step above, {above:.4g} rps: {av}"}
+                knee, above = above, min(new_above, float(cfg["max_rate_rps"]))
+            confirmation["moves"].append(move)
+            moves_left -= 1
+            rnd[0] += 1
+        kv, av = verdicts.get(knee, []), verdicts.get(above, [])
+        confirmation.update(knee_verdicts=kv, above_verdicts=av,
+                            knee_all_pass=bool(kv) and all(x == "pass" for x in kv),
+                            above_any_fail=any(x == "fail" for x in av),
+                            above_fail_majority=bool(av) and sum(x == "fail" for x in av) * 2 > len(av),
+                            soaked=[{"rate_rps": r, "verdicts": v} for r, v in sorted(verdicts.items())])
+        confirmation["confirmed"] = confirmation["knee_all_pass"] and confirmation["above_any_fail"] and not any(
+            x == "client_limited" for x in kv + av)
         if confirmation["confirmed"]:
             status = "confirmed"
         else:
@@ -465,11 +515,15 @@ def search(
                 if not confirmation["knee_all_pass"]:
                     reasons.append({"code": "knee_soak_failed",
                                     "detail": f"soaks at {knee:.4g} rps: {kv} (all must pass)"})
-                if not confirmation["above_fail_majority"]:
+                if not confirmation["above_any_fail"]:
                     reasons.append({"code": "above_soak_passed",
-                                    "detail": f"soaks at {above:.4g} rps: {av} (a strict majority must fail)"})
+                                    "detail": f"soaks at {above:.4g} rps: {av} (at least one must fail the server gates)"})
             if any(x == "client_limited" for x in kv + av):
                 reasons.append({"code": "soak_client_limited", "detail": "a soak was client-limited"})
+            if confirmation["moves"] and moves_left <= 0:
+                reasons.append({"code": "soak_moves_exhausted",
+                                "detail": f"the knee moved {len(confirmation['moves'])} time(s) (soak.max_moves) "
+                                          "without the soaks agreeing"})
 
     # every step and soak must have run on one uninterrupted server process
     restarted = [f"{r['phase']}#{r['index']}" for r in steps + soaks
@@ -828,7 +882,10 @@ def compare_knees(baseline_knee: dict | str | os.PathLike, candidate_knee: dict 
     caveats = [f"{name} knee {rec.get('status')}" for name, rec in (("baseline", b), ("candidate", c))
                if rec.get("status") != "confirmed"]
     tail = f" [{'; '.join(caveats)}]" if caveats else ""
-    return f"the draft {cost} and {move}{tail}"
+    method = ((c.get("deployment") or {}).get("arm") or {}).get("method")
+    subject = {None: "the draft", "draft_model": "the draft", "ngram": "n-gram speculation (no draft model)"}.get(
+        method, f"the {method} arm")
+    return f"{subject} {cost} and {move}{tail}"
 
 
 # --------------------------------------------------------------------------------------------

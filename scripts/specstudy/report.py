@@ -425,15 +425,23 @@ def _capacity_section(B, results: Path, out: Path) -> None:
         return
     B.append(("p", "Open-loop Poisson arrivals on an absolute timeline; each step is judged against the gates declared "
                    "before the search (gates.json); the knee is the highest rate passing every gate, confirmed by "
-                   "repeated soaks at the knee and one step above. Steps that failed only the load-generator gate are "
+                   "repeated soaks: every soak at the knee passes, at least one soak one step above fails (docs/capacity.md). Steps that failed only the load-generator gate are "
                    "client-limited and never count as server saturation."))
     rows = []
     for arm, k in knees.items():
         dep = k.get("deployment") or {}
-        rows.append([arm, _f(k.get("knee_rps"), "{:.3g}"), k.get("status"), _f((k.get("client_capacity") or {}).get("rps"), "{:.3g}"),
-                     _f(capacity.kv_capacity_tokens(dep) if dep else None, "{:,.0f}"),
-                     "; ".join(str(r.get("code")) for r in k.get("reasons") or [] if isinstance(r, dict)) or "–"])
-    B.append(("table", ["arm", "knee (req/s)", "status", "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
+        conf = k.get("confirmation") or {}
+        kv, av = conf.get("knee_verdicts") or [], conf.get("above_verdicts") or []
+        soaks = (f"{sum(v == 'pass' for v in kv)}/{len(kv)} pass, {sum(v == 'fail' for v in av)}/{len(av)} fail"
+                 if kv or av else "–")
+        notes = [str(r.get("code")) for r in k.get("reasons") or [] if isinstance(r, dict)]
+        notes += [f"knee moved {m.get('direction')} from {_f(m.get('from_knee_rps'), '{:.3g}')}"
+                  for m in conf.get("moves") or [] if isinstance(m, dict)]
+        rows.append([arm, _f(k.get("knee_rps"), "{:.3g}"), _f(k.get("step_above_rps"), "{:.3g}"), k.get("status"), soaks,
+                     _f((k.get("client_capacity") or {}).get("rps"), "{:.3g}"),
+                     _f(capacity.kv_capacity_tokens(dep) if dep else None, "{:,.0f}"), "; ".join(notes) or "–"])
+    B.append(("table", ["arm", "knee (req/s)", "step above (req/s)", "status", "soaks: knee, above",
+                        "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
     if "baseline" in knees:
         for arm, k in knees.items():
             if arm != "baseline":
