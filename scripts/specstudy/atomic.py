@@ -76,10 +76,14 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
     return rows
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, read in 1 MiB blocks."""
+def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
+    """sha256 of a file's bytes (the first ``limit`` bytes or more, whole 1 MiB blocks, when given)."""
     h = hashlib.sha256()
+    read = 0
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+        while block := fh.read(1 << 20):
             h.update(block)
+            read += len(block)
+            if limit is not None and read >= limit:
+                break
     return h.hexdigest()

@@ -442,7 +442,7 @@ def search(
     # 4. confirm with soaks at the knee and at the step above; move by one step when they disagree
     soak_cfg = cfg["soak"]
     count = int(soak_cfg["count"])
-    moves_left = int(soak_cfg.get("max_moves", 2))
+    moves_left = int(soak_cfg.get("max_moves", DEFAULT_SEARCH["soak"]["max_moves"]))
     confirmation = {"count": count, "duration_s": soak_cfg["duration_s"], "knee_verdicts": [],
                     "above_verdicts": [], "knee_all_pass": None, "above_any_fail": None, "above_fail_majority": None,
                     "confirmed": False, "moves": [], "soaked": []}
@@ -498,13 +498,13 @@ def search(
             moves_left -= 1
             rnd[0] += 1
         kv, av = verdicts.get(knee, []), verdicts.get(above, [])
+        limited = any(x == "client_limited" for x in kv + av)
         confirmation.update(knee_verdicts=kv, above_verdicts=av,
                             knee_all_pass=bool(kv) and all(x == "pass" for x in kv),
                             above_any_fail=any(x == "fail" for x in av),
                             above_fail_majority=bool(av) and sum(x == "fail" for x in av) * 2 > len(av),
                             soaked=[{"rate_rps": r, "verdicts": v} for r, v in sorted(verdicts.items())])
-        confirmation["confirmed"] = confirmation["knee_all_pass"] and confirmation["above_any_fail"] and not any(
-            x == "client_limited" for x in kv + av)
+        confirmation["confirmed"] = confirmation["knee_all_pass"] and confirmation["above_any_fail"] and not limited
         if confirmation["confirmed"]:
             status = "confirmed"
         else:
@@ -518,7 +518,7 @@ def search(
                 if not confirmation["above_any_fail"]:
                     reasons.append({"code": "above_soak_passed",
                                     "detail": f"soaks at {above:.4g} rps: {av} (at least one must fail the server gates)"})
-            if any(x == "client_limited" for x in kv + av):
+            if limited:
                 reasons.append({"code": "soak_client_limited", "detail": "a soak was client-limited"})
             if confirmation["moves"] and moves_left <= 0:
                 reasons.append({"code": "soak_moves_exhausted",
@@ -944,11 +944,6 @@ def plot_capacity(steps: list[dict], soaks: list[dict], knee: dict, gates: dict,
 # entry points
 
 
-def _sha256_file(path) -> str:
-    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
-    return atomic.sha256_file(path)
-
-
 def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir, metrics_url: str | None,
                  deployment_record=None, *, arm: str | None = None, api_key: str | None = None,
                  step_runner: Callable[[float], StepResult] | None = None,
@@ -971,7 +966,7 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
         (out / stale).unlink(missing_ok=True)
     prompts_info = None
     if isinstance(prompts, (str, os.PathLike)) and Path(prompts).exists():
-        prompts_info = {"path": str(prompts), "sha256": _sha256_file(prompts)}
+        prompts_info = {"path": str(prompts), "sha256": atomic.sha256_file(prompts)}
     atomic.write_json(out / "gates.json", {
         "schema": SCHEMA_GATES, "arm": arm, "gates": g, "search": s, "base_url": base_url, "model": model,
         "metrics_url": metrics_url, "prompts": prompts_info,

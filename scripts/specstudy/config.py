@@ -10,7 +10,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from . import atomic, schemas
+from . import schemas
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +29,6 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-
-
-def sha256_file(path) -> str:
-    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
-    return atomic.sha256_file(path)
 
 
 def check_config(cfg: dict, source: str = "<config>") -> dict:

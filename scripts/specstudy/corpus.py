@@ -64,24 +64,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path) -> str:
-    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
-    return atomic.sha256_file(path)
-
-
 def dir_sha256(path: str | os.PathLike, pattern: str = "*.txt") -> str:
     """sha256 over the sorted lines ``<sha256 of file>  <relative path>`` of the matching files
     (the same lines ``cd DIR && sha256sum <files> | sort -k2`` prints, joined with newlines)."""
     root = Path(path)
     files = sorted(p for p in root.glob(pattern) if p.is_file())
-    lines = [f"{file_sha256(p)}  {p.relative_to(root).as_posix()}" for p in files]
+    lines = [f"{atomic.sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in files]
     return sha256_bytes(("\n".join(lines) + "\n").encode("utf-8"))
 
 
 def source_sha256(path: Path, fmt: str, options: dict) -> str:
     if fmt == "documents_text_dir":
         return dir_sha256(path, options.get("glob", "*.txt"))
-    return file_sha256(path)
+    return atomic.sha256_file(path)
 
 
 def _open_text(path: Path):

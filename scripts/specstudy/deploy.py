@@ -654,16 +654,9 @@ def dump_toml(data: dict) -> str:
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str | None:
+    """:func:`specstudy.atomic.sha256_file`, or None for an unreadable file (provenance records what it can)."""
     try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            read = 0
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-                read += len(chunk)
-                if limit is not None and read >= limit:
-                    break
-        return h.hexdigest()
+        return atomic.sha256_file(path, limit=limit)
     except OSError:
         return None
 

@@ -76,11 +76,6 @@ def _row_text(row) -> str:
     return str(prompt) or json.dumps(row)
 
 
-def _sha256_file(path) -> str:
-    """sha256 of a file (one implementation: :func:`specstudy.atomic.sha256_file`)."""
-    return atomic.sha256_file(path)
-
-
 def train_tokenizer(docs: list[str], vocab_size: int, out_dir: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -197,11 +192,11 @@ def build_fixture_models(out_dir: str | Path, corpus_dir: str | Path | None = No
         "quick": quick,
         "params": p,
         "target": {"path": str(tok_dir), "sizes": TARGET, "parameters": sum(x.numel() for x in target.parameters()),
-                   "weights_sha256": _sha256_file(tok_dir / "model.safetensors")},
+                   "weights_sha256": atomic.sha256_file(tok_dir / "model.safetensors")},
         "draft": {"path": str(draft_dir), "sizes": DRAFT, "parameters": sum(x.numel() for x in draft.parameters()),
-                  "weights_sha256": _sha256_file(draft_dir / "model.safetensors")},
-        "tokenizer_sha256": _sha256_file(tok_dir / "tokenizer.json"),
-        "training_text": [{"path": str(f.relative_to(corpus_dir)), "sha256": _sha256_file(f)} for f in files],
+                  "weights_sha256": atomic.sha256_file(draft_dir / "model.safetensors")},
+        "tokenizer_sha256": atomic.sha256_file(tok_dir / "tokenizer.json"),
+        "training_text": [{"path": str(f.relative_to(corpus_dir)), "sha256": atomic.sha256_file(f)} for f in files],
         "heldout_greedy_agreement": agree,
         "build_seconds": round(time.time() - t0, 1),
         "torch_version": torch.__version__,

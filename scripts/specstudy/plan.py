@@ -21,7 +21,8 @@ from itertools import product
 from pathlib import Path
 
 from . import atomic
-from .config import load_config, load_prereg, prereg_path, sha256_file
+from .atomic import sha256_file
+from .config import load_config, load_prereg, prereg_path
 
 ARM_PATTERN = r"baseline|draft-k[0-9]+-tp[0-9]+|ngram-k[0-9]+"
 REP_PATTERN = r"rep[0-9]+|drift[0-9]+"

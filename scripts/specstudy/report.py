@@ -425,8 +425,9 @@ def _capacity_section(B, results: Path, out: Path) -> None:
         return
     B.append(("p", "Open-loop Poisson arrivals on an absolute timeline; each step is judged against the gates declared "
                    "before the search (gates.json); the knee is the highest rate passing every gate, confirmed by "
-                   "repeated soaks: every soak at the knee passes, at least one soak one step above fails (docs/capacity.md). Steps that failed only the load-generator gate are "
-                   "client-limited and never count as server saturation."))
+                   "repeated soaks: every soak at the knee passes, at least one soak one step above fails "
+                   "(docs/capacity.md). Steps that failed only the load-generator gate are client-limited and never "
+                   "count as server saturation."))
     rows = []
     for arm, k in knees.items():
         dep = k.get("deployment") or {}

@@ -24,7 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import atomic
-from .config import load_config, load_prereg, sha256_file
+from .atomic import sha256_file
+from .config import load_config, load_prereg
 
 
 class SelectionError(RuntimeError):
