@@ -65,15 +65,32 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
     return out
 
 
+def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
+    """(measured, warm-up) request counts of a cell at ``concurrency``.
+
+    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
+    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
+    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
+    concurrency 1 long.
+    """
+    def pick(by_key: str, default_key: str) -> int:
+        by = settings.get(by_key) or {}
+        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
+        return int(settings[default_key] if value is None else value)
+
+    return pick("requests_by_concurrency", "requests"), pick("warmup_requests_by_concurrency", "warmup_requests")
+
+
 def _fingerprint(spec: dict, cell: dict, digest: str) -> str:
     from .cell import cell_fingerprint
 
     s = spec["cell_settings"]
     target = spec["engine"]["target"]
+    n_requests, n_warmup = request_counts(s, int(cell["concurrency"]))
     return cell_fingerprint({
         "arm": {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")},
         "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "corpus_digest": digest,
-        "requests": s["requests"], "warmup_requests": s["warmup_requests"], "temperature": s.get("temperature", 0.0),
+        "requests": n_requests, "warmup_requests": n_warmup, "temperature": s.get("temperature", 0.0),
         "seed": s.get("seed"), "model": target["path"], "max_model_len": target["max_model_len"],
         "server_args": spec["engine"].get("server", {}).get("extra_args"),
     })
@@ -245,8 +262,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     c = e["cell"]
                     cdir = attempt / _cell_rel(c)
                     prompts = corpusmod.load_prompts(c["corpus_dir"])
-                    reqs = _request_specs(prompts, int(settings["requests"]), c["workload"])
-                    warm = _request_specs(prompts, int(settings["warmup_requests"]), c["workload"])
+                    n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
+                    reqs = _request_specs(prompts, n_requests, c["workload"])
+                    warm = _request_specs(prompts, n_warmup, c["workload"])
                     if server.exited() is not None:
                         write_failed(e, "deployment_failed", f"server exited with code {server.exited()} before this cell")
                         continue
