@@ -71,10 +71,11 @@ def build_stage(tmp: Path, limit: int = 12000, reserve: int = 6000) -> tuple[Pat
     return out, manifest
 
 
-def fake_python(tmp: Path, py: str = "3.12.3", torch: str | None = "2.11.0+cu130", cuda: str | None = "13.0") -> str:
+def fake_python(tmp: Path, py: str = "3.12.3", torch: str | None = "2.11.0+cu130", cuda: str | None = "13.0",
+                setuptools: str | None = "80.0") -> str:
     """An interpreter that answers the install's version probe as given and runs anything else for real."""
-    probe = {"python": py, "torch": torch, "cuda": cuda}
-    path = tmp / f"python-{py}-{torch}-{cuda}"
+    probe = {"python": py, "torch": torch, "cuda": cuda, "setuptools": setuptools}
+    path = tmp / f"python-{py}-{torch}-{cuda}-{setuptools}"
     path.write_text("#!/bin/bash\n"
                     'if [ "$1" = "-c" ] && [[ "$2" == *SPECSTUDY-PROBE* ]]; then\n'
                     f"  echo 'SPECSTUDY-PROBE {json.dumps(probe)}'; exit 0\nfi\n"
@@ -296,3 +297,13 @@ def test_cli_exits_nonzero_with_the_message(tmp_path):
                         "--holding", str(tmp_path / "hold"), "--site", str(tmp_path / "site"), "--no-project"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "install_offline install: error:" in r.stderr and "part p1 is missing" in r.stderr
+
+
+def test_install_of_the_project_needs_setuptools_and_says_so_before_installing(tmp_path):
+    out, manifest = build_stage(tmp_path)
+    tree_stage, holding = hold_all_but_last(out, manifest, tmp_path)
+    python = fake_python(tmp_path, setuptools=None)
+    with pytest.raises(inst.InstallError) as e:
+        inst.install(tree_stage, holding, tmp_path / "site", python, ROOT, False)
+    assert f"{python} has no setuptools" in str(e.value) and "--no-project" in str(e.value)
+    assert not (tmp_path / "site").exists()

@@ -37,6 +37,11 @@ PROBE = (
     "    out['cuda'] = torch.version.cuda\n"
     "except Exception as e:\n"
     "    out['torch_error'] = repr(e)\n"
+    "try:\n"
+    "    import setuptools\n"
+    "    out['setuptools'] = setuptools.__version__\n"
+    "except Exception:\n"
+    "    out['setuptools'] = None\n"
     "print('SPECSTUDY-PROBE ' + json.dumps(out))\n"
 )
 ENV_EXTRA = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -180,10 +185,13 @@ def probe_python(python: str) -> dict:
     raise InstallError(f"{python}: the version probe printed nothing usable (exit {r.returncode}):\n{r.stdout[-2000:]}")
 
 
-def check_python(python: str, manifest: dict) -> dict:
+def check_python(python: str, manifest: dict, project: Path | None = None) -> dict:
     need = manifest["requires"]
     info = probe_python(python)
     problems = []
+    if project is not None and not info.get("setuptools"):
+        problems.append(f"{python} has no setuptools, which builds {project} (pyproject.toml). Fix: use the image's "
+                        f"python3, or pass --no-project and put {project / 'scripts'} on PYTHONPATH")
     if ".".join(info["python"].split(".")[:2]) != need["python"]:
         problems.append(f"{python} is Python {info['python']}; the staged wheels are for Python {need['python']}. "
                         f"Fix: run with --python pointing at a Python {need['python']} (on the H200 image: python3)")
@@ -240,7 +248,7 @@ def install(stage: Path, holding: Path, site: Path, python: str, project: Path |
 
     manifest, folders = collect(stage, holding)
     ts(f"{len(folders)} parts verified ({', '.join(f'{n}: {p}' for n, p in folders.items())})")
-    info = check_python(python, manifest)
+    info = check_python(python, manifest, project)
     ts(f"python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}) fit {manifest['slim_wheel']['requirement']}")
     if project is not None and not (project / "pyproject.toml").is_file():
         raise InstallError(f"{project}: no pyproject.toml. Fix: run from the repository root or pass --project")
@@ -259,6 +267,7 @@ def install(stage: Path, holding: Path, site: Path, python: str, project: Path |
         cmd.append(str(project))
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
+        shutil.rmtree(new, ignore_errors=True)
         raise InstallError(f"pip install into {new} failed (exit {r.returncode}):\n{r.stdout[-4000:]}")
     if site.exists():
         shutil.rmtree(site)
