@@ -307,3 +307,17 @@ def test_install_of_the_project_needs_setuptools_and_says_so_before_installing(t
         inst.install(tree_stage, holding, tmp_path / "site", python, ROOT, False)
     assert f"{python} has no setuptools" in str(e.value) and "--no-project" in str(e.value)
     assert not (tmp_path / "site").exists()
+
+
+def test_fetch_uses_cached_wheels_by_hash_without_pip(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    w = make_wheel(cache / "wheels", "dep0", "1.0", {"dep0/__init__.py": b""})
+    req = tmp_path / "engine.txt"
+    req.write_text(f"dep0==1.0 --hash=sha256:{sha(w)}\n")
+    monkeypatch.setattr(stage, "_pip", lambda *a: pytest.fail(f"pip called: {a}"))
+    pins = stage.parse_pins(req, "engine")
+    assert stage.fetch_wheels(pins, req, cache) == {pins[0]: w}
+    req.write_text(f"dep0==2.0 --hash=sha256:{sha(w)}\n")  # the hash of another version's wheel
+    with pytest.raises(stage.StageError, match=r"dep0==2.0's hash is dep0-1.0-py3-none-any.whl"):
+        stage.fetch_wheels(stage.parse_pins(req, "engine"), req, cache)
