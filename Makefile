@@ -8,13 +8,17 @@ CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
 
-.PHONY: install install-harness study screen confirm capacity report test test-fast lint bench clean-results
+.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench clean-results
 
 install:
 	envs/install.sh embedded
 
 install-harness:
 	envs/install.sh harness
+
+# Wheels for the offline GPU machine -> .stage/p1 ... (docs/gpu.md, "Offline install"). Needs no venv.
+gpu-stage:
+	python3 envs/gpu/stage.py
 
 study: install
 	$(BIN)/snakemake --profile $(PROFILE) all
