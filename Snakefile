@@ -21,6 +21,7 @@ include: "rules/gate.smk"
 include: "rules/select.smk"
 include: "rules/capacity.smk"
 include: "rules/report.smk"
+include: "rules/mechanics.smk"
 
 
 localrules:

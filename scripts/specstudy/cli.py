@@ -25,6 +25,8 @@ COMMAND_MODULES = [
     "upstream",
     "tables",
     "report",
+    "random_model",
+    "mechanics",
 ]
 
 

@@ -1,0 +1,90 @@
+# The mechanics point (issue #14 item 7): a large random-initialised target, self-draft, small random
+# draft and n-gram. mechanics (random weights; not a study result): not part of `all`, never read by
+# the study's tables or report. Target: `snakemake decode_mechanics` (docs/gpu.md).
+include: "mechanics_common.smk"
+
+
+rule decode_mechanics:
+    input:
+        "results/mechanics/mechanics.json",
+
+
+rule random_model:
+    input:
+        mechanics_tokenizer_inputs,
+    output:
+        record="results/models/mechanics/{role}/model.json",
+    log:
+        "results/logs/mechanics/model-{role}.log",
+    params:
+        preset=lambda wildcards: mechanics_model_params(wildcards)["preset"],
+        seed=lambda wildcards: mechanics_model_params(wildcards)["seed"],
+        device=lambda wildcards: mechanics_model_params(wildcards).get("device", "cpu"),
+        dtype=lambda wildcards: mechanics_model_params(wildcards).get("dtype", "bfloat16"),
+        tokenizer=lambda wildcards: _mechanics()["tokenizer"],
+    wildcard_constraints:
+        role="target|draft",
+    threads: 2
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy random-model --out $(dirname {output.record}) --preset {params.preset} "
+        "--seed {params.seed} --tokenizer {params.tokenizer} --device {params.device} "
+        "--dtype {params.dtype} > {log} 2>&1"
+
+
+rule mechanics_corpus:
+    input:
+        source=lambda wildcards: corpus_json(wildcards.workload),
+    output:
+        corpus=f"results/mechanics/corpus/{{workload}}-mt{{max_tokens}}/corpus.json",
+    log:
+        "results/logs/mechanics/corpus-{workload}-mt{max_tokens}.log",
+    wildcard_constraints:
+        max_tokens="[0-9]+",
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy mechanics corpus --source $(dirname {input.source}) --out $(dirname {output.corpus}) "
+        "--max-tokens {wildcards.max_tokens} > {log} 2>&1"
+
+
+rule mechanics_run:
+    input:
+        unpack(mechanics_run_inputs),
+    output:
+        record="results/mechanics/{label}/rep1/mechanics-arm.json",
+    log:
+        "results/logs/mechanics/{label}.log",
+    params:
+        spec=mechanics_spec,
+        out="results/mechanics/{label}/rep1",
+    wildcard_constraints:
+        label="baseline|self-draft-k[0-9]+|small-draft-k[0-9]+|ngram-k[0-9]+",
+    # One GPU: every arm takes all cores, so Snakemake runs the arms one after another.
+    threads: workflow.cores
+    resources:
+        deployments=1,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy mechanics run --spec {params.spec:q} --out {params.out} > {log} 2>&1"
+
+
+rule mechanics_summary:
+    input:
+        mechanics_arm_records,
+    output:
+        json="results/mechanics/mechanics.json",
+        markdown="results/mechanics/mechanics.md",
+        parquet="results/mechanics/mechanics.parquet",
+    log:
+        "results/logs/mechanics/summary.log",
+    params:
+        config=CONFIG_FILE,
+        mechanics=MECHANICS_FILE,
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy mechanics summary --config {params.config} --mechanics {params.mechanics} "
+        "--results results --out results/mechanics > {log} 2>&1"

@@ -1,0 +1,43 @@
+# Helpers of rules/mechanics.smk (functions only; the rules live there).
+from specstudy import mechanics as _mech  # noqa: E402
+
+MECHANICS_FILE = config.get("mechanics") or "config/gpu-h200-mechanics.yaml"
+
+
+def _mechanics():
+    try:
+        return _mech.load_mechanics(MECHANICS_FILE, config)
+    except _mech.MechanicsError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def mechanics_arm_records(wildcards=None):
+    return [str(_mech.arm_record_path(label)) for label in _mech.arm_labels(_mechanics())]
+
+
+def mechanics_model_params(wildcards):
+    return _mechanics()["models"][wildcards.role]
+
+
+def mechanics_tokenizer_inputs(wildcards):
+    tok = _mechanics()["tokenizer"]
+    # The fixture tokenizer is built by rule fixture_models, whether or not the study uses the fixtures.
+    return [FIXTURE_RECORD] if tok.startswith("results/models/fixture/") else []
+
+
+def mechanics_run_inputs(wildcards):
+    m = _mechanics()
+    label = wildcards.label
+    if label not in _mech.arm_labels(m):
+        raise WorkflowError(f"results/mechanics/{label}: not a configured mechanics arm "
+                            f"({', '.join(_mech.arm_labels(m))}; {MECHANICS_FILE})")
+    inputs = {"target": f"{_mech.model_dir('target')}/model.json",
+              "corpus": f"{_mech.corpus_dir(m)}/corpus.json", "smoke": corpus_json("smoke")}
+    if label.startswith("small-draft"):
+        inputs["draft"] = f"{_mech.model_dir('draft')}/model.json"
+    return inputs
+
+
+def mechanics_spec(wildcards):
+    spec = _mech.arm_spec(config, _mechanics(), wildcards.label, CORPUS_DIRS["smoke"])
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
