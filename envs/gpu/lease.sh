@@ -43,7 +43,7 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
     t0=$(now)
     say "mechanics point ($MECH_CONFIG)"
     snakemake decode_mechanics --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 \
-      --configfile "$MECH_CONFIG" > "$LEASE/mechanics.log" 2>&1
+      --configfile "$CONFIG" > "$LEASE/mechanics.log" 2>&1
     echo $? > "$LEASE/mechanics.rc"
     say "mechanics: rc $(cat "$LEASE/mechanics.rc") after $(( $(now) - t0 )) s"
   else
