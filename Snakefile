@@ -36,6 +36,7 @@ localrules:
     gate,
     select,
     final_candidate,
+    confirm_round,
     tables,
 
 
