@@ -167,3 +167,24 @@ def test_bad_stopping_rule_refused_with_field(tmp_path, mutate, field):
 
 def test_good_prereg_loads(tmp_path):
     assert load_prereg(_write(tmp_path, PREREG))["confirmation"]["stopping"]["max_repeats"] == 5
+
+
+def test_archive_and_show_confirmation_runs(tmp_path, capsys):
+    import json
+
+    from specstudy.cli import main
+
+    res = tmp_path / "results"
+    rounds = res / "confirm" / "rounds"
+    rounds.mkdir(parents=True)
+    (res / "gates" / "confirm").mkdir(parents=True)
+    for n, dec in ((3, "do_not_enable"), (4, "enable ngram-k4")):
+        (rounds / f"round{n}.json").write_text(json.dumps(
+            {"round": n, "decision": dec, "why": "w", "stability": {"resamples": 10, "outcomes": {dec: 0.7, "x": 0.3}}}))
+    assert main(["confirm-archive", "--results", str(res), "--to", str(tmp_path / "arch"), "--stamp", "run1"]) == 0
+    assert not (res / "confirm").exists() and (tmp_path / "arch/confirm-run1/gates/confirm").is_dir()
+    assert main(["confirm-archive", "--results", str(res), "--to", str(tmp_path / "arch")]) == 2
+    assert "no confirmation checkpoint" in capsys.readouterr().out
+    assert main(["confirm-show", str(tmp_path / "arch/confirm-run1")]) == 0
+    out = capsys.readouterr().out
+    assert "after 4 rounds: enable ngram-k4; stability: enable ngram-k4 in 70% of resamples, x in 30%" in out

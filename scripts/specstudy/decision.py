@@ -461,7 +461,87 @@ def _cmd_checkpoint(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# Running confirmation again (issue #15 item 5): archive one run's confirmation, compare runs
+# ---------------------------------------------------------------------------------------------
+CONFIRM_OUTPUTS = ("confirm", "gates/confirm", "deployment-failures/confirm", "logs/confirm")
+
+
+def archive_confirmation(results: str, to: str, stamp: str | None = None) -> str:
+    """Move this run's confirmation outputs to ``<to>/confirm-<stamp>/`` so that confirmation runs again from scratch.
+
+    Screening, the selection and the plans stay: the next confirmation runs under the same locked
+    pre-registration and the same seed-determined plan.
+    """
+    import shutil
+    import time
+    from pathlib import Path
+
+    res = Path(results)
+    if not (res / "confirm" / "rounds").is_dir():
+        raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
+                                "confirm` first)")
+    dest = Path(to) / f"confirm-{stamp or time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    if dest.exists():
+        raise DecisionRuleError(f"{dest}: already exists; pick another --stamp")
+    for rel in CONFIRM_OUTPUTS:
+        if (res / rel).exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(res / rel), str(dest / rel))
+    return str(dest)
+
+
+def final_state(path: str) -> tuple[str, dict]:
+    """The last checkpoint record of a run (a rounds directory, a run directory or a round file)."""
+    from pathlib import Path
+
+    from . import atomic
+
+    p = Path(path)
+    for cand in (p, p / "rounds", p / "confirm" / "rounds"):
+        if cand.is_dir() and list(cand.glob("round*.json")):
+            last = max(cand.glob("round*.json"), key=lambda f: int(f.stem[5:] or 0))
+            return str(last), atomic.read_json(last)
+    if p.is_file():
+        return str(p), atomic.read_json(p)
+    raise DecisionRuleError(f"{path}: no results/confirm/rounds/round<n>.json here (a confirmation run directory, its "
+                            "rounds directory or a round file)")
+
+
+def _cmd_show(args) -> int:
+    try:
+        states = [final_state(p) for p in args.runs]
+    except DecisionRuleError as exc:
+        print(f"error: {exc}")
+        return 2
+    for path, st in states:
+        stab = st.get("stability") or {}
+        print(f"{path}: after {st.get('round')} rounds: {st.get('decision')}; stability: {format_outcomes(stab)}")
+        print(f"    stop: {st.get('why')}")
+        for d in (stab.get("drivers") or [])[:3]:
+            print(f"    driver: {d['arm']} {d['cell']} ({d['observed']}; flips in {d['flip_rate']:.0%} of resamples)")
+    return 0
+
+
+def _cmd_archive(args) -> int:
+    try:
+        dest = archive_confirmation(args.results, args.to, args.stamp)
+    except DecisionRuleError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(f"confirmation outputs moved to {dest}; `snakemake confirm` now runs confirmation again from round 1")
+    return 0
+
+
 def register(sub) -> None:
+    p = sub.add_parser("confirm-archive", help="move this run's confirmation outputs aside so that it runs again")
+    p.add_argument("--results", default="results")
+    p.add_argument("--to", default="results-archive")
+    p.add_argument("--stamp", default=None, help="suffix of the archive directory (default: UTC time)")
+    p.set_defaults(func=_cmd_archive)
+    p = sub.add_parser("confirm-show", help="decision, rounds and stability of one or more confirmation runs")
+    p.add_argument("runs", nargs="+", help="results/confirm/rounds, results-archive/confirm-<stamp>, or round files")
+    p.set_defaults(func=_cmd_show)
     p = sub.add_parser("confirm-round", help="checkpoint after a confirmation round: evaluate the pre-registered "
                                              "rule and decide whether one more round runs")
     p.add_argument("--config", required=True)
