@@ -179,7 +179,10 @@ def judge(values: list[float], rule: dict, target: str = "non_inferiority") -> d
     out.update(geomean=math.exp(m), lo=lo, hi=hi, sd_log=sd,
                verdict=verdict(lo, hi, rule["min_gain"], rule["max_regression"]))
     if out["verdict"] == "inconclusive" or (target == "gain" and out["verdict"] == "non_inferior"):
-        bound = math.log(1 + rule["min_gain"]) if target == "gain" else math.log(1 - rule["max_regression"])
+        # inconclusive: rounds until a material loss is shown or excluded; non-inferior (gain pending): until a
+        # gain above 1 + min_gain is shown or excluded
+        bound = (math.log(1 - rule["max_regression"]) if out["verdict"] == "inconclusive"
+                 else math.log(1 + rule["min_gain"]))
         out["extra_repeats"] = extra_repeats_to_settle(m, sd, len(vals), bound, conf)
     return out
 
