@@ -8,7 +8,7 @@ CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
 
-.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench clean-results
+.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench bench-decision confirm-again clean-results
 
 install:
 	envs/install.sh embedded
@@ -41,6 +41,16 @@ bench: install
 	$(BIN)/python benchmarks/loadgen.py
 	$(BIN)/snakemake --profile $(PROFILE) results/models/fixture/models.json results/corpora/bundled-open_chat/1/corpus.json
 	$(BIN)/python benchmarks/autogroup.py
+
+bench-decision: install
+	$(BIN)/python benchmarks/decision_rule.py
+
+# Run the confirmation again from scratch (same screening, selection, locked pre-registration and plan) and
+# show the decisions and stability figures of every confirmation run so far (issue #15 item 5).
+confirm-again: install
+	$(BIN)/specstudy confirm-archive --results results --to results-archive
+	$(BIN)/snakemake --profile $(PROFILE) confirm
+	$(BIN)/specstudy confirm-show results-archive/confirm-* results/confirm/rounds
 
 clean-results:
 	rm -rf results .snakemake

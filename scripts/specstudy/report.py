@@ -343,6 +343,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     # --- recommendation
     B.append(("h", 2, "Recommendation"))
     patches = _recommendation_section(B, rec, deps, s, out)
+    _decision_evidence_section(B, rec, results)
 
     # --- results tables
     for phase in ("confirm", "screen"):
@@ -473,26 +474,58 @@ def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
 
 
 def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
-    from specstudy import atomic, stats
+    from specstudy import atomic, decision, stats
 
     r = s["recommendation"]
+    rule = rec.get("rule") or {}
     B.append(("p", f"Decision: {rec['decision']}" + (f" — enable {rec['enable']}" if rec.get("enable") else "")
-                   + f" (evaluated on the {rec['phase']} phase; min gain {r['min_gain']:.0%}, material "
-                     f"regression {r['max_regression']:.0%}; "
+                   + f" (evaluated on the {rec['phase']} phase; gain shown: interval above {1 + rec['min_gain']:.2f}; "
+                     f"material regression: {rec['max_regression']:.0%}; "
                    + ("traffic routed by workload" if rec["route_by_workload"]
                       else "single deployment: the declared traffic mixture is evaluated") + ")."))
+    stab = rec.get("stability") or {}
+    if stab:
+        B.append(("p", f"Stability: {decision.format_outcomes(stab)} ({stab.get('resamples', 0)} bootstrap resamples of "
+                       f"the {stab.get('rounds', 0)} rounds; the whole rule recomputed on each)."))
+    if rule:
+        B.append(("p", f"Rule ({rule.get('source')}): intervals of the geometric-mean speedup (t on per-round log ratios) "
+                       f"at {rule.get('look_confidence', 0):.4f} per look = {rule.get('confidence', 0):.0%} "
+                       + (f"Bonferroni-corrected over {rule.get('looks')} possible looks "
+                          f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')})"
+                          if rule.get("correction") == "bonferroni" else f"without a correction for looks ({rule.get('looks')})")
+                       + f"; non-inferiority required on {rule.get('non_inferiority_on')}. Verdicts: gain (interval "
+                         f"above {1 + rec['min_gain']:.2f}), regression (below {1 - rec['max_regression']:.2f}), "
+                         f"non-inferior (above {1 - rec['max_regression']:.2f}), otherwise inconclusive."))
+        if rule.get("notes"):
+            B.append(("ul", rule["notes"]))
     if rec.get("missing"):
         B.append(("ul", rec["missing"]))
+    if rec.get("undecided"):
+        B.append(("p", "Inconclusive cells blocking the decision (extra rounds expected to settle each, if its mean "
+                       "and SD stay as observed):"))
+        B.append(("ul", [f"{u['arm']} {u['what']}: {u['verdict']} [{_f(u['lo'])}, {_f(u['hi'])}] after {u['n']} rounds — "
+                         f"{u['why']}; " + (f"≈ {u['extra_repeats']} more round(s)" if u.get("extra_repeats")
+                                            else "not settled within 100 more rounds (effect at the margin)")
+                         for u in rec["undecided"]]))
     rows = []
     for c in rec["candidates"]:
         if rec["route_by_workload"]:
             detail = "; ".join(f"{w}: {'enable' if v['enable'] else 'no'} ({', '.join(v['statuses'])})"
                                for w, v in c["workloads"].items())
         else:
-            detail = "; ".join(f"mix@c{cc}: {m['status']} {_ci(m['speedup'])}" for cc, m in c["mixture"].items())
+            detail = "; ".join(f"{k}: {m['verdict']} [{_f(m['lo'])}, {_f(m['hi'])}]" for k, m in c["mixture"].items())
         rows.append([c["arm"], c["gate_verdict"], "yes" if c.get("enable") else "no", detail,
                      "; ".join(c["blockers"]) or "–"])
-    B.append(("table", ["candidate", "gate", "enable", "evidence", "blockers"], rows))
+    B.append(("table", ["candidate", "gate", "enable", "traffic mixture", "blockers"], rows))
+    cell_rows = []
+    for c in rec["candidates"]:
+        for k, j in (c.get("cells") or {}).items():
+            cell_rows.append([c["arm"], k, j["n"], _f(j["geomean"]), f"[{_f(j['lo'])}, {_f(j['hi'])}]", j["verdict"],
+                              j["extra_repeats"] if j.get("extra_repeats") else "–"])
+    if cell_rows:
+        B.append(("p", "Per-cell verdicts (speedup = arm ÷ baseline output tokens/s, paired by round):"))
+        B.append(("table", ["candidate", "cell", "rounds", "geomean", "interval", "verdict", "extra rounds to settle"],
+                  cell_rows))
     targets = ({w: a for w, a in rec["per_workload"].items() if a} if rec["route_by_workload"]
                else ({"all": rec["enable"]} if rec.get("enable") else {}))
     patches = {}
@@ -517,6 +550,37 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
     return patches
 
 
+def _decision_evidence_section(B, rec, results: Path) -> None:
+    """Rounds run (the checkpoints' records) and the cells that drive the decision's stability."""
+    rounds = []
+    for p in sorted((results / "confirm" / "rounds").glob("round*.json"), key=lambda p: int(p.stem[5:] or 0)):
+        st = _load(p)
+        if isinstance(st, dict):
+            rounds.append(st)
+    if rounds:
+        B.append(("p", "Adaptive confirmation — rounds run and why (one checkpoint per round, "
+                       "results/confirm/rounds/round<n>.json):"))
+        B.append(("table", ["after round", "decision at checkpoint", "next", "why", "stability at checkpoint"],
+                  [[st.get("round"), st.get("decision"), "one more round" if st.get("continue") else "stop",
+                    st.get("why"), _stab_short(st.get("stability"))] for st in rounds]))
+    elif rec.get("phase") == "confirm":
+        B.append(("p", "Rounds: no checkpoint records under results/confirm/rounds/ (confirmation not run by the "
+                       "workflow)."))
+    drivers = (rec.get("stability") or {}).get("drivers") or []
+    if drivers:
+        B.append(("p", "Cells that drive the decision's stability (share of resamples in which the cell's verdict "
+                       "differs from the observed one, overall and among resamples whose decision differs):"))
+        B.append(("table", ["candidate", "cell", "observed verdict", "verdict flips", "flips when the decision changes"],
+                  [[d["arm"], d["cell"], d["observed"], f"{d['flip_rate']:.0%}",
+                    f"{d['flip_rate_when_decision_changes']:.0%}"] for d in drivers]))
+
+
+def _stab_short(stab) -> str:
+    from specstudy import decision
+
+    return decision.format_outcomes(stab) if isinstance(stab, dict) else "–"
+
+
 def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     B.append(("h", 2, "Candidates: where each wins or loses, cost, gate, confounds"))
     gate_by = {(g["phase"], g["arm"]): g for g in gates}
@@ -525,11 +589,13 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     for c in rec["candidates"]:
         arm = c["arm"]
         B.append(("h", 3, arm))
-        wins = [k for k, v in c["status"].items() if v == "win"]
-        loses = [k for k, v in c["status"].items() if v == "regression"]
-        B.append(("ul", [f"wins (repeatable gain): {', '.join(wins) or 'none'}",
-                         f"loses (material regression): {', '.join(loses) or 'none'}",
-                         f"neutral/missing: {', '.join(k for k, v in c['status'].items() if v in ('neutral', 'missing')) or 'none'}",
+        def having(*verdicts, st=c["status"]):
+            return ", ".join(k for k, v in st.items() if v in verdicts) or "none"
+
+        B.append(("ul", [f"gain shown: {having('gain')}",
+                         f"regression shown: {having('regression')}",
+                         f"non-inferior: {having('non_inferior')}",
+                         f"inconclusive/missing: {having('inconclusive', 'missing')}",
                          f"KV capacity: {_f((memr.get(arm) or {}).get('kv_cache_tokens'), '{:.0f}')} tokens; "
                          f"lost vs baseline: {_f(mem.get(arm), '{:.1%}')}; "
                          f"median init time {_f((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
@@ -649,18 +715,21 @@ def _model_section(B, model):
 
 
 def _method_section(B, s):
-    from specstudy import stats
+    from specstudy import simulate
 
     a = s["analysis"]
     B.append(("h", 2, "Statistical method"))
-    cov = {(n, m): stats.coverage_simulation(n, m, sims=300) for n in (3, 5) for m in ("t_log", "bootstrap_percentile")}
+    methods = ("t_log", "bootstrap_percentile", "bootstrap_bca")
+    cov = simulate.coverage_table(ns=(3, 5), methods=methods, sims=300, seed=7)
     B.append(("p", "The independent unit is the deployment repeat. Arm repeat r is paired with the baseline repeat r "
                    "of the same phase, workload and concurrency. Interval: "
                    f"{a['ci_method']} at {a['confidence']:.0%} on the geometric mean of per-repeat ratios; the bootstrap "
                    "(exact enumeration for n ≤ 6, BCa falling back to percentile) is shown in recommendation.json. "
-                   "Simulated coverage of a known effect (300 simulated studies, log-normal noise):"))
-    B.append(("table", ["repeats", "t interval on log ratios", "percentile bootstrap"],
-              [[n, _f(cov[(n, "t_log")], "{:.2f}"), _f(cov[(n, "bootstrap_percentile")], "{:.2f}")] for n in (3, 5)]))
+                   "Simulated coverage of a known effect under four deployment-effect scenarios (300 simulated "
+                   "studies for t, 150 for the bootstraps; scenarios: "
+                   + "; ".join(f"{k}: {v}" for k, v in simulate.SCENARIOS.items()) + "):"))
+    B.append(("table", ["scenario", "repeats", "t interval on log ratios", "percentile bootstrap", "BCa bootstrap"],
+              [[r["scenario"], r["n"]] + [_f(r[m], "{:.2f}") for m in methods] for r in cov]))
 
 
 def _cmd_report(args) -> int:
