@@ -52,6 +52,13 @@ CONFOUNDS_SCHEMA = "specstudy.confounds/1"
 INHERITED_THREAD_VARS = frozenset({"OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"})
 
+#: Set in every server's environment (local process and container EDF) unless the engine config's ``env``
+#: (or the container's EDF / env_file) sets them: NVLink SHARP / multicast off for NCCL, torch symmetric
+#: memory and NVSHMEM. Multicast set-up fails or hangs on lent multi-GPU hosts and GH200 nodes whose
+#: fabric manager or driver does not offer it (issue #19); a job environment that lacks them is the norm.
+SERVER_ENV_DEFAULTS: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                       "NVSHMEM_DISABLE_NVLS": "1"}
+
 ENGINE_DEFAULTS: dict[str, Any] = {
     "backend": "local",
     "python": None,  # local: interpreter with vLLM (default: the harness's own); container: "python3"
@@ -73,6 +80,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "stop_grace_s": 30,
     "idle_timeout_s": None,
     "server_lock": None,
+    "cache_root": None,  # VLLM_CACHE_ROOT shared by all deployments of a study (torch.compile cache)
 }
 
 
@@ -231,6 +239,10 @@ def engine_settings(engine_cfg: dict) -> dict:
         raise ConfigError(f"engine config: field 'backend' is {cfg['backend']!r}; use 'local' or 'container'")
     if not isinstance(cfg.get("extra_args") or [], list):
         raise ConfigError("engine config: field 'extra_args' must be a list of strings (one argument per item)")
+    env_root = (cfg.get("env") or {}).get("VLLM_CACHE_ROOT")
+    if cfg.get("cache_root") and env_root and str(Path(env_root)) != str(Path(cfg["cache_root"])):
+        raise ConfigError(f"engine config: 'server.cache_root' ({cfg['cache_root']}) and 'server.env.VLLM_CACHE_ROOT' "
+                          f"({env_root}) disagree; set only one of them")
     for forbidden in ("--speculative-config", "--speculative_config", "--port", "--served-model-name"):
         for arg in cfg.get("extra_args") or []:
             if str(arg).split("=", 1)[0] == forbidden or str(arg).startswith(forbidden + "."):
@@ -314,6 +326,7 @@ class Server:
     ready_at: str | None = None
     stopped_at: str | None = None
     stop_report: dict | None = None
+    launch_info: dict = field(default_factory=dict)  # environment the launcher added, compile cache at launch
     _reader: threading.Thread | None = None
     _lock_fh: Any = None
     _stop_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -451,6 +464,36 @@ def _acquire_lock(path: str | None, timeout_s: float):
             time.sleep(1)
 
 
+def launcher_env(cfg: dict, configured: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables the launcher adds to the server's environment: :data:`SERVER_ENV_DEFAULTS` and, with
+    ``cache_root``, ``VLLM_CACHE_ROOT`` (absolute). Keys the config sets (``configured``: the engine
+    config's ``env``, plus the EDF/env_file for a container) are left to the config."""
+    configured = dict(cfg.get("env") or {}) if configured is None else configured
+    out = {k: v for k, v in SERVER_ENV_DEFAULTS.items() if k not in configured}
+    if cfg.get("cache_root") and "VLLM_CACHE_ROOT" not in configured:
+        out["VLLM_CACHE_ROOT"] = str(Path(os.path.expandvars(str(cfg["cache_root"]))).expanduser().absolute())
+    return out
+
+
+def compile_cache_state(root: str | os.PathLike | None, source: str, max_files: int = 10000) -> dict:
+    """Whether vLLM's cache root (torch.compile artifacts) held anything when the server was launched.
+
+    ``cold``: absent or empty; ``warm``: at least one file; ``unknown``: the root is not visible here
+    (a container without ``cache_root``). Whether the engine then *hit* its cache is in the launch
+    log's confounds (``compilation.compile_cache``).
+    """
+    if root is None:
+        return {"root": None, "source": source, "state": "unknown", "files": None}
+    p = Path(root)
+    n = 0
+    if p.is_dir():
+        for _dirpath, _dirs, files in os.walk(p):
+            n += len(files)
+            if n >= max_files:
+                break
+    return {"root": str(p), "source": source, "state": "warm" if n else "cold", "files": n}
+
+
 class LocalProcessBackend:
     """Start the vLLM argument list as a local child in its own process group (embedded default)."""
 
@@ -462,14 +505,27 @@ class LocalProcessBackend:
     def wrap(self, argv: list[str], attempt_dir: Path | None = None) -> list[str]:
         return list(argv)
 
+    def added_env(self) -> dict[str, str]:
+        """What the launcher adds to the server's environment (recorded in the provenance)."""
+        return launcher_env(self.cfg)
+
     def environment(self) -> dict[str, str]:
         # Snakemake exports its job's thread count (OMP_NUM_THREADS, MKL_NUM_THREADS, ...) to every
         # job; inherited by the server they oversubscribe vLLM's own pinned threads (seen here: 50x
         # slower decoding). The server's threading comes only from the engine config.
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
+        env.update(self.added_env())  # over the job's values: the config, not the job, decides
         env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    def cache_state(self, env: dict[str, str]) -> dict:
+        if self.cfg.get("cache_root"):
+            return compile_cache_state(env["VLLM_CACHE_ROOT"], "engine.server.cache_root")
+        if env.get("VLLM_CACHE_ROOT"):
+            return compile_cache_state(env["VLLM_CACHE_ROOT"], "environment")
+        xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return compile_cache_state(os.path.join(xdg, "vllm"), "vLLM default")
 
     def describe(self, attempt_dir: Path | None = None) -> dict:
         return {"kind": self.kind, "python": self.cfg.get("python") or sys.executable}
@@ -480,6 +536,9 @@ class LocalProcessBackend:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full = self.wrap(argv, Path(attempt_dir) if attempt_dir else log_path.parent)
         env = self.environment()
+        launch_info = {"added_env": self.added_env(), "compile_cache": self.cache_state(env)}
+        if self.cfg.get("cache_root"):
+            Path(launch_info["compile_cache"]["root"]).mkdir(parents=True, exist_ok=True)
         secrets = secret_values(self.cfg, {k: v for k, v in env.items() if k in (self.cfg.get("env") or {})})
         lock_fh = _acquire_lock(self.cfg.get("server_lock"), float(self.cfg.get("readiness_timeout_s") or 900))
         log_fh = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the pump thread
@@ -504,7 +563,7 @@ class LocalProcessBackend:
         return Server(proc=proc, log_path=log_path, base_url=f"http://{host}:{int(port)}",
                       served_model_name=served_model_name, command=full,
                       record_command=redact_argv(full, secrets), secrets=secrets,
-                      api_key=self.cfg.get("api_key"), _reader=reader, _lock_fh=lock_fh)
+                      api_key=self.cfg.get("api_key"), launch_info=launch_info, _reader=reader, _lock_fh=lock_fh)
 
 
 class ContainerBackend(LocalProcessBackend):
@@ -547,9 +606,7 @@ class ContainerBackend(LocalProcessBackend):
                 mounts.append(spec)
         if mounts:
             base["mounts"] = mounts
-        env = dict(base.get("env") or {})
-        env.update(self.env_file_vars())
-        env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
+        env, _added = self._edf_env(base)
         if env:
             base["env"] = env
         if self.container.get("workdir"):
@@ -570,11 +627,38 @@ class ContainerBackend(LocalProcessBackend):
         srun += [str(a) for a in self.container.get("srun_args") or []]
         return srun + list(argv)
 
+    def _edf_env(self, base: dict) -> tuple[dict[str, str], dict[str, str]]:
+        """The EDF's [env]: base EDF, env_file, engine env (in that order), plus what the launcher adds."""
+        configured = {str(k): str(v) for k, v in (base.get("env") or {}).items()}
+        configured.update(self.env_file_vars())
+        configured.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
+        added = launcher_env(self.cfg, configured)
+        if self.cfg.get("cache_root"):  # the study's cache root wins over a base EDF's / env_file's default
+            added["VLLM_CACHE_ROOT"] = launcher_env(self.cfg, {})["VLLM_CACHE_ROOT"]
+        env = dict(configured)
+        env.update(added)
+        return env, added
+
+    def added_env(self) -> dict[str, str]:
+        import tomllib
+
+        base: dict = {}
+        if self.container.get("edf"):
+            with open(_resolve(self.container["edf"]), "rb") as fh:
+                base = tomllib.load(fh)
+        return self._edf_env(base)[1]
+
     def environment(self) -> dict[str, str]:
         # the container's env comes from the EDF; srun itself needs the job env (minus its thread counts)
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    def cache_state(self, env: dict[str, str]) -> dict:
+        root = (self.edf().get("env") or {}).get("VLLM_CACHE_ROOT")
+        if self.cfg.get("cache_root"):
+            return compile_cache_state(root, "engine.server.cache_root")
+        return compile_cache_state(None, f"container ({root or 'vLLM default'}; not inspected from the host)")
 
     def describe(self, attempt_dir: Path | None = None) -> dict:
         edf = self.edf()
@@ -1508,6 +1592,10 @@ def collect_provenance(engine_cfg: dict, arm: dict, *, deployment_id: str, backe
         "bind_mounts": desc.get("mounts") or [],
         "command": cmd,
         "env": redact_env(env_cfg, secrets),
+        "launcher_env": redact_env(server.launch_info.get("added_env") or {} if server else backend.added_env(), secrets),
+        "compile_cache": (server.launch_info.get("compile_cache") if server else None),
+        "tensor_parallel_size": {"target": int(cfg.get("tensor_parallel_size") or 1),
+                                 "draft": arm.get("draft_tensor_parallel_size") if arm.get("method") == "draft_model" else None},
         "slurm": slurm_env(),
         "models": {"target": model_info(cfg.get("model")), "draft": model_info(cfg.get("draft_model")) if arm.get(
             "method") == "draft_model" else None, "tokenizer": str(cfg.get("tokenizer") or cfg.get("model"))},

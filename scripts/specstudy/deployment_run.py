@@ -45,6 +45,7 @@ def engine_flat(engine: dict) -> dict:
         "readiness_timeout_s": server.get("ready_timeout_s", 900),
         "stop_grace_s": server.get("stop_grace_s", 30),
         "idle_timeout_s": server.get("idle_timeout_s"),
+        "cache_root": server.get("cache_root"),
         "api_key": os.environ.get(key_env) if key_env else None,
     }
     if engine.get("container"):
