@@ -1517,13 +1517,12 @@ def model_info(path: str | os.PathLike | None) -> dict | None:
 def hardware_info() -> dict:
     import platform
 
-    out: dict[str, Any] = {"hostname": platform.node(), "gpus": None, "cpu": None}
-    smi = _run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total,clocks.max.sm,"
-                "clocks.sm,power.limit,power.default_limit", "--format=csv,noheader,nounits"], timeout=20)
-    if smi:
-        keys = ["index", "name", "uuid", "driver_version", "memory_total_mib", "clocks_max_sm_mhz", "clocks_sm_mhz",
-                "power_limit_w", "power_default_limit_w"]
-        out["gpus"] = [dict(zip(keys, [x.strip() for x in line.split(",")], strict=False)) for line in smi.splitlines()]
+    from specstudy.telemetry import gpu_inventory
+
+    out: dict[str, Any] = {"hostname": platform.node(), "gpus": None, "gpu": None, "cpu": None}
+    inv = gpu_inventory()  # NVML (nvidia-smi as fallback); no GPU: devices [] and the reason in 'error'
+    out["gpus"] = inv.pop("devices") or None
+    out["gpu"] = inv
     cpu_model = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
