@@ -108,3 +108,72 @@ def test_cache_root_unset_and_conflicts():
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
     cfg["engine"].setdefault("server", {})["cache_root"] = "results/.vllm-cache"
     schemas.validate(cfg, "config", "config.yaml + engine.server.cache_root")
+
+
+# ------------------------------------------------------------------------------------------ deployment record
+TIMED_SERVER = '''
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1]); name = args[args.index("--served-model-name") + 1]
+def log(proc, msg):  # vLLM's format: local time, MM-DD HH:MM:SS, no year
+    print("(%s pid=1) INFO %s [x.py:1] %s" % (proc, time.strftime("%m-%d %H:%M:%S", time.localtime()), msg), flush=True)
+time.sleep(1.2)
+log("APIServer", "non-default args: {'model': 'm'}")
+time.sleep(1.0)
+log("EngineCore", "Initializing a V1 LLM engine (v0.23.0) with config: model='m', speculative_config=None, tensor_parallel_size=1, device_config=cuda")
+log("EngineCore", "Loading weights took 0.20 seconds")
+log("EngineCore", "Model loading took 0.01 GiB memory and 0.300000 seconds")
+time.sleep(1.0)
+log("EngineCore", "init engine (profile, create kv cache, warmup model) took 1.00 s")
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, obj):
+        b = json.dumps(obj).encode(); self.send_response(200); self.send_header("Content-Length", str(len(b)))
+        self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        self._send({"data": [{"id": name}]})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send({"choices": [{"message": {"content": "hi"}, "finish_reason": "length"}], "usage": {"completion_tokens": 2}})
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_deployment_record_carries_startup_phases_tp_and_cache_state(tmp_path):
+    script = tmp_path / "timed_server.py"
+    script.write_text(TIMED_SERVER)
+    exe = tmp_path / "fakepy"
+    exe.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{script}" "$@"\n')
+    exe.chmod(0o755)
+    cfg = {"model": str(tmp_path), "python": str(exe), "stop_grace_s": 3, "readiness_poll_s": 0.1,
+           "tensor_parallel_size": 4, "cache_root": str(tmp_path / "vllm-cache")}
+    arm = {"name": "draft-k3-tp2", "method": "draft_model", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}
+    with deploy.Deployment({**cfg, "draft_model": str(tmp_path)}, arm, results_dir=tmp_path / "results",
+                           phase="screen", rep=0, deployment_id="dep-t") as dep:
+        assert dep.ok, dep.failure
+    rec = dep.record()
+    st = rec["startup"]
+    assert st["cache"] == "cold" and st["log_clock"] is not None and st["log_clock"] != "unaligned"
+    assert st["launch"] == (dep.attempt_dir / "launch.log").read_text().split()[3].rstrip(":")
+    ph = st["phases"]
+    assert ph["weights"] == 0.3 and ph["compile"] is None and ph["graph_capture"] is None
+    assert 0 <= ph["import"] <= 3.5 and 0 <= ph["api_server"] <= 2 and 0 <= ph["engine_init"] <= 2
+    assert st["total_s"] >= 3.0 and sum(v for v in ph.values() if v is not None) == pytest.approx(st["total_s"], abs=1e-6)
+    assert rec["tensor_parallel_size"] == {"target": 4, "draft": 2}
+    assert dep.provenance["tensor_parallel_size"] == {"target": 4, "draft": 2}
+    schemas.validate(rec, "deployment", "record with start-up phases")
+
+
+def test_cell_keys_carry_the_targets_tp():
+    from specstudy import cell
+
+    keys = {"phase": "screen", "arm": "draft-k3-tp4", "method": "draft_model", "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": 4, "tensor_parallel_size": 4, "rep": 0, "workload": "open_chat",
+            "concurrency": 8, "deployment_id": "d"}
+    s = cell.failed_summary(keys, {"name": "c", "version": "1", "digest": "sha256:00"}, "deployment_failed", "x")
+    assert s["keys"]["tensor_parallel_size"] == 4 and s["keys"]["draft_tensor_parallel_size"] == 4
+    schemas.validate(s, "cell-summary", "failed cell with TP")
+    spec = {"arm": {"name": "baseline", "method": "baseline"}, "phase": "screen", "rep": "rep0", "kind": "repeat",
+            "engine": {"target": {"path": "/m", "max_model_len": 64, "tensor_parallel_size": 4}}}
+    assert deployment_run._keys(spec, {"workload": "code", "concurrency": 2}, "d")["tensor_parallel_size"] == 4

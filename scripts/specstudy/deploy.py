@@ -1637,14 +1637,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 def deployment_record(*, deployment_id: str, phase: str, arm: dict, rep: int, status: str, command: list[str] | None,
                       provenance: dict | None, confounds: dict | None, cache_config: dict | None,
                       failure: dict | None = None, smoke: list[str] | None = None, cells: list[dict] | None = None,
-                      times: dict | None = None) -> dict:
+                      times: dict | None = None, startup: dict | None = None,
+                      tensor_parallel_size: dict | None = None) -> dict:
     """Assemble and validate ``deployment.json`` (schema ``deployment``)."""
     from specstudy import schemas
 
     record = {"schema": DEPLOYMENT_SCHEMA, "deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": int(rep),
               "status": status, "failure": failure, "command": command, "provenance": provenance,
               "confounds": confounds, "cache_config": cache_config, "smoke": {"captures": list(smoke or [])},
-              "cells": list(cells or []), "times": times or {"start": None, "ready": None, "stop": None}}
+              "cells": list(cells or []), "times": times or {"start": None, "ready": None, "stop": None},
+              "startup": startup, "tensor_parallel_size": tensor_parallel_size}
     schemas.validate(record, "deployment", f"deployment record {deployment_id}")
     return record
 
@@ -1817,11 +1819,20 @@ class Deployment:
 
     def record(self, *, cells: list[dict] | None = None, smoke: list[str] | None = None) -> dict:
         """The validated ``deployment.json`` content (the caller writes it atomically)."""
+        startup = None
+        log = self.server.log_path if self.server else None
+        if log and Path(log).exists():
+            startup = startup_phases(Path(log).read_text(encoding="utf-8", errors="replace"), ready=self.times()["ready"],
+                                     confounds=self.confounds,
+                                     cache=(self.server.launch_info.get("compile_cache") or {}).get("state"))
         return deployment_record(deployment_id=self.deployment_id, phase=self.phase, arm=self.arm, rep=self.rep,
                                  status="failed" if self.failure else "ok",
                                  command=self.server.record_command if self.server else None,
                                  provenance=self.provenance, confounds=self.confounds, cache_config=self.cache_config,
-                                 failure=self.failure, smoke=smoke, cells=cells, times=self.times())
+                                 failure=self.failure, smoke=smoke, cells=cells, times=self.times(), startup=startup,
+                                 tensor_parallel_size={"target": int(self.cfg.get("tensor_parallel_size") or 1),
+                                                       "draft": self.arm.get("draft_tensor_parallel_size")
+                                                       if self.arm["method"] == "draft_model" else None})
 
 
 # --------------------------------------------------------------------------------------------------
