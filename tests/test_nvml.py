@@ -210,15 +210,20 @@ def test_real_nvml_sampler_on_this_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_real_cuda_launch_is_parsed(fixture_models, tmp_path):
-    """A real vLLM CUDA deployment of the fixture target (eager, small memory share): confounds, start-up, NVML."""
-    try:
-        import torch
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"vLLM with CUDA is not importable here ({exc}); install the CUDA vLLM next to the harness "
-                    "(docs/deployments.md, 'GPU run') to run this test")
-    assert torch.cuda.is_available(), "torch sees no CUDA device although NVIDIA GPUs are present"
-    engine = {"model": fixture_models["target"], "draft_model": fixture_models["draft"], "python": sys.executable,
+    """A real vLLM CUDA deployment of the fixture target (eager, small memory share): confounds, start-up, NVML.
+
+    The server's interpreter is ``$SPECSTUDY_VLLM_PYTHON`` (default: this one); it must import a CUDA vLLM.
+    """
+    import os
+    import subprocess
+
+    py = os.environ.get("SPECSTUDY_VLLM_PYTHON") or sys.executable
+    probe = subprocess.run([py, "-c", "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; "
+                            "print(vllm.__version__, torch.__version__)"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        pytest.fail(f"{py} cannot run a CUDA vLLM ({probe.stderr.strip().splitlines()[-1:]}); set SPECSTUDY_VLLM_PYTHON "
+                    "to an interpreter that imports vllm with CUDA torch")
+    engine = {"model": fixture_models["target"], "draft_model": fixture_models["draft"], "python": py,
               "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True, "readiness_timeout_s": 600,
               "stop_grace_s": 20, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"},
               "cache_root": str(tmp_path / "vllm-cache")}
@@ -235,5 +240,9 @@ def test_real_cuda_launch_is_parsed(fixture_models, tmp_path):
     assert dep.provenance["launcher_env"]["NCCL_NVLS_ENABLE"] == "0"
     assert dep.provenance["hardware"]["gpu"]["source"] == "nvml"
     assert tel.summary()["gpu"]["source"] == "nvml"
-    print(json.dumps({"confounds": c, "provenance_hardware": dep.provenance["hardware"]}, indent=1, default=str))
+    startup = dep.record()["startup"]
+    assert startup["cache"] == "cold" and startup["log_clock"] not in (None, "unaligned"), startup
+    assert startup["phases"]["weights"] is not None and startup["total_s"] > 0
+    print(json.dumps({"probe": probe.stdout.strip(), "confounds": c, "startup": startup,
+                      "provenance_hardware": dep.provenance["hardware"]}, indent=1, default=str))
     assert Path(dep.attempt_dir / "launch.log").exists()
