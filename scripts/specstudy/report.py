@@ -604,6 +604,14 @@ def _validity_section(B, cells, deps, comps):
     B.append(("table", ["phase", "arm", "rep", "workload", "c", "deployment", "reasons"],
               [[e["phase"], e["arm"], e["rep"], e["workload"], e["concurrency"], e["deployment_id"],
                 e["invalid_reasons"]] for e in ex]))
+    noted = [c for c in cells if c.get("validity_notes")]
+    if noted:
+        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part (the cell's "
+                       "validity is unchanged; the note says what was not checked)."))
+        B.append(("table", ["phase", "arm", "rep", "workload", "c", "note", "detail"],
+                  [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c["validity_notes"],
+                    "; ".join(n.get("detail", "") for n in json.loads(c.get("validity_note_details") or "[]"))[:300]]
+                   for c in noted]))
     B.append(("h", 2, "Unservable configurations (deployment failures)"))
     fails = [d for d in deps if d.get("status") == "failed"]
     B.append(("table", ["phase", "arm", "rep", "deployment", "stage", "reason", "error excerpt"],

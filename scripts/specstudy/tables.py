@@ -87,6 +87,8 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("latency_valid", "bool"),
         ("invalid_reasons", "string"),
         ("invalid_details", "string"),
+        ("validity_notes", "string"),
+        ("validity_note_details", "string"),
         ("requests_attempted", "int64"),
         ("requests_successful", "int64"),
         ("requests_failed", "int64"),
@@ -339,6 +341,9 @@ def cell_row(summary: dict, source: str = "<summary>") -> dict:
         "latency_valid": first(_bool(validity.get("latency_valid")), valid, False),
         "invalid_reasons": ",".join(codes),
         "invalid_details": json.dumps(reasons, sort_keys=True, default=str) if reasons else "",
+        "validity_notes": ",".join(sorted({str(n.get("code")) for n in validity.get("notes") or []
+                                           if isinstance(n, dict)})),
+        "validity_note_details": json.dumps(validity.get("notes"), sort_keys=True) if validity.get("notes") else "",
         "requests_attempted": _int(dig(summary, "requests", "attempted")),
         "requests_successful": _int(dig(summary, "requests", "successful")),
         "requests_failed": _int(dig(summary, "requests", "failed")),
