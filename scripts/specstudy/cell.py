@@ -121,11 +121,17 @@ def _validity(reasons: list[dict], *, wall_ok: bool = True, notes: list[dict] | 
     }
 
 
+OPTIONAL_KEY_FIELDS = ("kind", "rep_label")  # repeat | drift | upstream; the rep<n>/drift<n> path component
+
+
 def _keys(keys: dict) -> dict:
     missing = [k for k in KEY_FIELDS if k not in keys]
     if missing:
         raise ValueError(f"cell keys: missing field(s) {missing}; required: {list(KEY_FIELDS)}")
-    return {k: keys[k] for k in KEY_FIELDS}
+    out = {k: keys[k] for k in KEY_FIELDS}
+    # A drift baseline (drift<n>) shares its rep number with rep<n>: kind and rep_label tell them apart.
+    out.update({k: keys[k] for k in OPTIONAL_KEY_FIELDS if keys.get(k) is not None})
+    return out
 
 
 def _iso(ts: float | None) -> str | None:

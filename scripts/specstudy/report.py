@@ -632,6 +632,16 @@ def _network_section(B, cells, dr):
 
 def _drift_section(B, dr):
     B.append(("h", 2, "Drift"))
+    by_kind = dr.get("n_by_kind") or {}
+    if by_kind.get("drift"):
+        used = sum(1 for p in dr.get("points") or [] if p.get("kind") == "drift")
+        B.append(("p", f"Interleaved drift baseline deployments ({', '.join(dr.get('drift_deployments') or [])}): "
+                       f"{by_kind['drift']} valid cell(s), {used} in the trend below, beside "
+                       f"{by_kind.get('repeat', 0)} valid baseline repeat cell(s)."))
+    else:
+        B.append(("p", "No interleaved drift baseline deployment (drift<n>) has a valid cell: the trend uses the "
+                       f"baseline repeats only ({by_kind.get('repeat', dr.get('n', 0))} valid cell(s)); "
+                       "plan.drift_baselines_per_block adds them."))
     if dr.get("detected") is None:
         B.append(("p", f"Not estimable: {dr.get('note')}"))
         return

@@ -326,6 +326,11 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
         if d.get("deployment_id"):
             host[d["deployment_id"]] = d.get("hostname")
     out: dict[str, Any] = {"n": len(recs), "detected": None, "points": [], "nodes": [], "note": ""}
+    # Interleaved drift baselines (kind "drift", paths drift<n>) exist for this analysis: say what they add.
+    drift_recs = [r for r in recs if (r.get("kind") or "repeat") == "drift"]
+    out["n_by_kind"] = {"repeat": len(recs) - len(drift_recs), "drift": len(drift_recs)}
+    out["drift_deployments"] = sorted({f"{r['phase']}/{r.get('rep_label') or 'drift' + str(r['rep'])}"
+                                       for r in drift_recs})
     if len(recs) < 3:
         out["note"] = "fewer than 3 valid baseline cells: drift not estimable"
         return out
@@ -341,7 +346,8 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
         for r, lv in zip(rows, logs, strict=True):
             x = (r["started_unix"] - t0) / 3600 if use_time else (0 if r["phase"] == "screen" else 1000) + r["rep"]
             pts.append({"x": float(x), "resid": float(lv - logs.mean()), "workload": w, "concurrency": c,
-                        "phase": r["phase"], "rep": r["rep"], "node": host.get(r.get("deployment_id")),
+                        "phase": r["phase"], "rep": r["rep"], "kind": r.get("kind") or "repeat",
+                        "node": host.get(r.get("deployment_id")),
                         "otps": r["output_tokens_per_second"], "n_series": len(rows)})
     pts = [p for p in pts if p["n_series"] > 1]
     out["points"] = pts
