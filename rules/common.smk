@@ -271,8 +271,9 @@ def gate_inputs(wildcards):
     cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]
     if not cand:
         raise WorkflowError(f"no {wildcards.phase} deployments of arm {wildcards.arm}")
-    # Cross-deployment control: two independently launched deployments of one configuration (baseline rep1, rep2).
-    return {"baseline": base, "candidate": cand, "control_a": base[:1], "control_b": base[1:2]}
+    # Cross-deployment control: every pair of independently launched baseline deployments (the repeats);
+    # the treatment pairs each candidate repeat with the baseline of the same repeat (docs/correctness.md).
+    return {"baseline": base, "candidate": cand}
 
 
 def final_candidate_file(wildcards=None):

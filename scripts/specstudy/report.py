@@ -517,7 +517,34 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
     return patches
 
 
+def _count(v) -> str:
+    return "?" if v is None or v != v else str(int(v))
+
+
+def _gate_sizes(g: dict) -> str:
+    """The sizes a gate verdict rests on: treatment pairs vs control pairs (of how many deployments)."""
+    n = _count
+    return (f"treatment worst case over {n(g.get('treatment_pairs'))} pair(s); control worst case over "
+            f"{n(g.get('control_pairs'))} pair(s) of {n(g.get('control_deployments'))} baseline deployment(s)")
+
+
+def _gates_table(B, gates):
+    B.append(("h", 2, "Correctness gates"))
+    if not gates:
+        B.append(("p", "No gate verdicts."))
+        return
+    B.append(("p", "Each candidate repeat is compared with the baseline of the same repeat (treatment); the control "
+                   "is every pair of baseline repeats. A worst case over more pairs is larger by chance alone, so "
+                   "both sizes stand beside each verdict."))
+    B.append(("table", ["phase", "arm", "verdict", "treatment pairs", "control pairs", "control deployments",
+                        "reasons"],
+              [[g["phase"], g["arm"], g["verdict"], _count(g.get("treatment_pairs")), _count(g.get("control_pairs")),
+                _count(g.get("control_deployments")), g.get("reason_codes") or "–"]
+               for g in sorted(gates, key=lambda g: (g["phase"], g["arm"]))]))
+
+
 def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
+    _gates_table(B, gates)
     B.append(("h", 2, "Candidates: where each wins or loses, cost, gate, confounds"))
     gate_by = {(g["phase"], g["arm"]): g for g in gates}
     conf = _confounds_by_arm(deps)
@@ -535,8 +562,8 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
                          f"median init time {_f((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
         g = gate_by.get((rec["phase"], arm)) or next((gg for (p, a), gg in gate_by.items() if a == arm), None)
         if g:
-            B.append(("p", f"Gate ({g['phase']}): {g['verdict']}; reasons: {g.get('reason_codes') or 'none'}; "
-                           f"blocks recommendation: {g.get('blocks_recommendation')}."))
+            B.append(("p", f"Gate ({g['phase']}): {g['verdict']} ({_gate_sizes(g)}); reasons: "
+                           f"{g.get('reason_codes') or 'none'}; blocks recommendation: {g.get('blocks_recommendation')}."))
             B.append(("p", f"Control's worst case: {g.get('control_worst') or 'unknown'}"))
             B.append(("p", f"Treatment's worst case: {g.get('treatment_worst') or 'unknown'}"))
         else:

@@ -157,6 +157,9 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("control_arm", "string"),
         ("control_worst", "string"),
         ("treatment_worst", "string"),
+        ("control_pairs", "int64"),
+        ("control_deployments", "int64"),
+        ("treatment_pairs", "int64"),
         ("detail", "string"),
     ],
 }
@@ -482,6 +485,12 @@ def gate_row(gate: dict, phase: str, arm: str) -> dict:
         "control_arm": _str(control.get("arm")),
         "control_worst": _str(control_worst),
         "treatment_worst": _str(treatment_worst),
+        # the sizes each verdict rests on: a worst case over more pairs is larger by chance alone
+        "control_pairs": _int(first(control.get("n_pairs"), len(control.get("pairs") or []) if control else None)),
+        "control_deployments": _int(first(control.get("n_deployments"),
+                                          len(control.get("deployment_ids") or []) if control else None)),
+        "treatment_pairs": _int(first(dig(gate, "treatment", "n_pairs"),
+                                      len(dig(gate, "treatment", "pairs", default=[])) if gate.get("treatment") else None)),
         "detail": "",
     }
     for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst),
