@@ -157,7 +157,25 @@ def test_gate_blocks(verdict):
     gates = [] if verdict is None else [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": verdict}]
     rec = stats.recommend(comps, gates)
     assert rec["decision"] == "do_not_enable"
-    assert rec["candidates"][0]["blockers"][0] == f"gate verdict {verdict or 'missing'}"
+    assert rec["candidates"][0]["blockers"][0] == (f"gate verdict {verdict}" if verdict else "no confirm gate verdict")
+
+
+def test_a_screening_gate_never_stands_in_for_the_confirmation_gate():
+    """Review #16.4: recommend silently fell back to the screening gate; final_candidate did not."""
+    comps = [_comp("draft-k3-tp4", w, c, WIN) for w in ("code", "chat") for c in (1, 8)]
+    rec = stats.recommend(comps, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}])
+    assert rec["decision"] == "do_not_enable"
+    assert rec["candidates"][0]["gate_verdict"] == "missing"
+    assert rec["candidates"][0]["blockers"][0] == "no confirm gate verdict (the screen gate does not stand in for it)"
+    assert "never stands in" in rec["gate_rule"] and "confirm phase" in rec["gate_rule"]
+    # the final candidate applies the same rule: a screening pass does not make an arm eligible
+    from specstudy.select import final_candidate
+
+    summ = [{"keys": {"arm": a, "workload": "code", "concurrency": 1}, "validity": {"valid": True},
+             "tokens": {"output_tokens_per_second": v}} for a, v in (("baseline", 100.0), ("draft-k3-tp4", 130.0))]
+    fc = final_candidate(summ, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}],
+                         {"confirmation_arms": ["baseline", "draft-k3-tp4"]})
+    assert fc["arm"] is None
 
 
 def test_recommend_without_confirmation():

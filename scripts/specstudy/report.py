@@ -483,6 +483,8 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
                       else "single deployment: the declared traffic mixture is evaluated") + ")."))
     if rec.get("missing"):
         B.append(("ul", rec["missing"]))
+    if rec.get("gate_rule"):
+        B.append(("p", f"Gate rule: {rec['gate_rule']}"))
     rows = []
     for c in rec["candidates"]:
         if rec["route_by_workload"]:

@@ -212,7 +212,8 @@ def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, t
         if (s.get("validity") or {}).get("valid") and v:
             tput[(k["arm"], k["workload"], int(k["concurrency"]))].append(float(v))
     med = {key: statistics.median(v) for key, v in tput.items()}
-    verdicts = {g.get("arm"): g.get("verdict") for g in gates}
+    # The recommendation's rule (stats.GATE_RULE): only confirmation gates count; no other phase stands in.
+    verdicts = {g.get("arm"): g.get("verdict") for g in gates if g.get("phase") == "confirm"}
     scores = {}
     for arm in selection.get("confirmation_arms", []):
         if arm == "baseline":

@@ -620,6 +620,11 @@ def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[flo
     return out
 
 
+GATE_RULE = ("A candidate is eligible only with a correctness-gate verdict 'pass' from the {phase} phase, the phase "
+             "the decision is made on; a gate of another phase never stands in for a missing one. The final "
+             "candidate for the capacity search follows the same rule (confirmation gates).")
+
+
 def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) -> dict:
     """Decide which speculative setting (if any) to enable; a pure function of its inputs.
 
@@ -634,10 +639,12 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) 
     use = [c for c in comps if c["phase"] == phase]
     workloads = r["workloads"] or sorted({c["workload"] for c in use})
     concs = r["concurrencies"] or sorted({c["concurrency"] for c in use})
-    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") in (phase, None)}
-    for g in gates:  # a gate of another phase is the fall-back
-        gate_by_arm.setdefault(g["arm"], g)
-    out: dict[str, Any] = {"phase": phase, "workloads": workloads, "concurrencies": concs,
+    # One rule for the recommendation and the final candidate: the gate of the decision's phase is
+    # required; a gate of another phase never stands in for it (GATE_RULE, stated in the report).
+    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") == phase}
+    other = {g["arm"]: g.get("phase") for g in gates if g.get("phase") != phase}
+    out: dict[str, Any] = {"phase": phase, "gate_rule": GATE_RULE.format(phase=phase),
+                           "workloads": workloads, "concurrencies": concs,
                            "route_by_workload": bool(r["route_by_workload"]), "min_gain": r["min_gain"],
                            "max_regression": r["max_regression"], "candidates": [], "decision": "do_not_enable",
                            "enable": None, "per_workload": {}, "missing": []}
@@ -656,7 +663,10 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) 
         gate = gate_by_arm.get(arm)
         verdict = gate.get("verdict") if gate else "missing"
         blockers = []
-        if verdict != "pass":
+        if gate is None:
+            blockers.append(f"no {phase} gate verdict" + (f" (the {other[arm]} gate does not stand in for it)"
+                                                         if arm in other else ""))
+        elif verdict != "pass":
             blockers.append(f"gate verdict {verdict}")
         cand: dict[str, Any] = {"arm": arm, "gate_verdict": verdict, "status": statuses, "blockers": blockers}
         if r["route_by_workload"]:
