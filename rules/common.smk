@@ -126,9 +126,15 @@ def selection_file(wildcards=None):
 
 
 def confirm_plan():
-    """The confirmation plan: built only from the selection checkpoint's output."""
-    with open(selection_file()) as fh:
-        selection = json.load(fh)
+    """The confirmation plan: built only from the selection checkpoint's output, after verifying it
+    (its digest, and the sha256 the confirmation plan recorded once that plan exists)."""
+    from specstudy.select import SelectionError, verify_selection
+
+    plan_file = Path("results/plan/confirm.json")
+    try:
+        selection = verify_selection(selection_file(), plan_file if plan_file.exists() else None)
+    except SelectionError as exc:
+        raise WorkflowError(str(exc)) from None
     return _plan.make_plan(config, "confirm", arms=selection["confirmation_arms"], prereg=PREREG)
 
 

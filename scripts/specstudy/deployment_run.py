@@ -206,9 +206,18 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
 
     plan = atomic.read_json(plan_path) if plan_path else {}
     lock = atomic.read_json(lock_path) if lock_path else {}
+    if plan.get("selection"):  # a confirmation deployment: only the selection the plan was built from
+        from .select import SelectionError, verify_selection
+
+        try:
+            verify_selection(plan["selection"]["path"], plan_path)
+        except SelectionError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     planned_digests = {k: v.get("digest") for k, v in (plan.get("corpora") or {}).items()}
 
     # Cells: corpus check, fingerprint, reuse.
+    fp_context = fingerprint_context(spec)
     cells = []
     for c in spec["cells"]:
         entry = {"cell": c, "declared": out / _cell_rel(c) / "summary.json"}
