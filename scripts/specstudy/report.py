@@ -325,7 +325,11 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
         missing.append("no gate verdicts (results/gates/)")
     rec = stats.recommend(comps, gates, config)
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
-    hyps = stats.hypotheses(comps, t["deployments"], config, model)
+    model["phase"] = s["analysis"]["hypothesis_phase"]
+    declared, hyp_source = _declared_hypotheses(config)
+    if declared is None:
+        missing.append("no pre-registration in the config (study.preregistration): hypotheses not evaluated")
+    hyps = stats.hypotheses(comps, t["deployments"], declared, model)
     dr = stats.drift(t["cells"], t["deployments"], comps, config)
     mem = stats.memory_costs(t["deployments"])
     sel_raw = _load(results / "selection" / "selection.json")
@@ -396,8 +400,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _drift_section(B, dr)
     _model_section(B, model)
     B.append(("h", 2, "Hypotheses"))
-    B.append(("table", ["id", "statement", "verdict", "evidence", "reason"],
-              [[h["id"], h["statement"], h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
+    if declared is None:
+        B.append(("p", "No pre-registration was given: no hypothesis is evaluated (hypotheses are declared in the "
+                       "pre-registration's `hypotheses:` list, with their phase, test and workload roles)."))
+    else:
+        B.append(("p", f"As declared in the pre-registration ({hyp_source}): each hypothesis is evaluated on its "
+                       "declared phase with its declared test and workload roles."))
+        B.append(("table", ["id", "statement", "phase", "test", "roles", "verdict", "evidence", "reason"],
+                  [[h["id"], h["statement"], h["phase_used"], h["test"],
+                    "; ".join(f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in h["roles"].items()) or "–",
+                    h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
     _method_section(B, s)
     _capacity_section(B, results, out)
 
@@ -409,6 +421,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
                "model": model, "comparisons": comps, "memory_costs": mem}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
+
+
+def _declared_hypotheses(config: dict) -> tuple[list[dict] | None, str | None]:
+    """The pre-registered hypotheses of the study config (None without a pre-registration)."""
+    from .config import load_prereg, prereg_path
+
+    if not (config.get("study") or {}).get("preregistration"):
+        return None, None
+    prereg = load_prereg(config)
+    return list(prereg.get("hypotheses") or []), str(prereg_path(config))
 
 
 def _capacity_section(B, results: Path, out: Path) -> None:
