@@ -15,8 +15,11 @@ import pytest
 
 from specstudy import gate, schemas
 
-UPSTREAM = Path("/work/shared/upstream-70b/results/70b/correctness/smoke-20260913-debug")
-needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason="upstream 70B data not available")
+# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
+UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
+            / "correctness" / "smoke-20260913-debug")
+needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason=f"upstream 70B data not available at {UPSTREAM} "
+                                    "(the shared data belong at ../shared/upstream-70b)")
 MARGINS = {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
            "max_completion_token_difference": 2}
 # upstream gate field name -> ours
