@@ -103,7 +103,7 @@ def fake_screening(workdir: Path) -> None:
               {"arm": {"name": d["arm"]}, "status": "ok", "prereg_sha256": planmod.prereg_lock(cfg)["sha256"]})
     for arm in speed:
         if arm != "baseline":
-            write(f"results/gates/screen/{arm}.json", {"arm": arm, "verdict": "pass"})
+            write(f"results/gates/screen/{arm}.json", {"arm": arm, "phase": "screen", "verdict": "pass"})
 
 
 def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
@@ -129,7 +129,10 @@ def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_pic
     cmd = next(line for line in out.splitlines() if "specstudy select" in line)
     inputs = [p for p in re.findall(r"results/\S+\.json", cmd)
               if not p.startswith("results/.config/") and p != "results/selection/selection.json"]
-    assert inputs and all(p.startswith("results/screen/") for p in inputs), inputs
+    # screening outputs only: cells, deployment records, and the screening gates (an arm whose gate failed
+    # is never selected)
+    assert inputs and all(p.startswith(("results/screen/", "results/gates/screen/")) for p in inputs), inputs
+    assert any(p.startswith("results/gates/screen/") for p in inputs)
     assert "/confirm/" not in cmd
 
     sm(workdir, "results/selection/selection.json")
