@@ -109,15 +109,14 @@ def fake_screening(workdir: Path) -> None:
 def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
     out = sm(workdir, "-n", "screen").stdout
     counts = job_counts(out)
-    # 5 arms x 2 repeats; the embedded default declares no extra drift baselines
+    # 5 arms x 2 repeats, and the embedded default's one interleaved drift baseline
     assert counts["deploy_screen"] == 10
-    assert "deploy_drift" not in counts
+    assert counts["deploy_drift"] == 1
     assert counts["gate"] == 4
     assert "deploy_confirm" not in counts and "select" not in counts
     # with two blocks and one interleaved drift baseline per block
     cfg = workdir / "config" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n")
-                   .replace("drift_baselines_per_block: 0", "drift_baselines_per_block: 1"))
+    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n"))
     counts = job_counts(sm(workdir, "-n", "-p", "screen").stdout)
     assert counts["deploy_screen"] == 10 and counts["deploy_drift"] == 2
 
