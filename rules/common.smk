@@ -128,9 +128,15 @@ def selection_file(wildcards=None):
 
 
 def confirm_plan():
-    """The confirmation plan: built only from the selection checkpoint's output."""
-    with open(selection_file()) as fh:
-        selection = json.load(fh)
+    """The confirmation plan: built only from the selection checkpoint's output, after verifying it
+    (its digest, and the sha256 the confirmation plan recorded once that plan exists)."""
+    from specstudy.select import SelectionError, verify_selection
+
+    plan_file = Path("results/plan/confirm.json")
+    try:
+        selection = verify_selection(selection_file(), plan_file if plan_file.exists() else None)
+    except SelectionError as exc:
+        raise WorkflowError(str(exc)) from None
     return _plan.make_plan(config, "confirm", arms=selection["confirmation_arms"], prereg=PREREG)
 
 
@@ -345,8 +351,9 @@ def gate_inputs(wildcards):
     cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]
     if not cand:
         raise WorkflowError(f"no {wildcards.phase} deployments of arm {wildcards.arm}")
-    # Cross-deployment control: two independently launched deployments of one configuration (baseline rep1, rep2).
-    return {"baseline": base, "candidate": cand, "control_a": base[:1], "control_b": base[1:2]}
+    # Cross-deployment control: every pair of independently launched baseline deployments (the repeats);
+    # the treatment pairs each candidate repeat with the baseline of the same repeat (docs/correctness.md).
+    return {"baseline": base, "candidate": cand}
 
 
 def final_candidate_file(wildcards=None):

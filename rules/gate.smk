@@ -15,5 +15,5 @@ rule gate:
         "../envs/specstudy.yaml"
     shell:
         "specstudy gate judge --baseline {input.baseline} --candidate {input.candidate} "
-        "--control-a {input.control_a} --control-b {input.control_b} --margins {params.margins:q} "
+        "--control {input.baseline} --margins {params.margins:q} "
         "--arm {wildcards.arm} --phase {wildcards.phase} --tokenizer {params.tokenizer} --out {output.gate} > {log} 2>&1"

@@ -5,9 +5,11 @@ checkpoint select:
     input:
         summaries=screen_repeat_cells(),
         deployments=screen_repeat_records(),
+        gates=gates_of("screen"),
         lock="results/screen/prereg-lock.json",
     output:
-        selection="results/selection/selection.json",
+        # Protected: confirmation consumes it only while its digest and the plan's sha256 match.
+        selection=protected("results/selection/selection.json"),
     log:
         "results/logs/selection/selection.log",
     params:
@@ -16,7 +18,8 @@ checkpoint select:
         "../envs/specstudy.yaml"
     shell:
         "specstudy select --config {params.config} --lock {input.lock} --summaries {input.summaries} "
-        "--deployments {input.deployments} --screen-root results/screen --out {output.selection} > {log} 2>&1"
+        "--deployments {input.deployments} --gates {input.gates} --screen-root results/screen "
+        "--out {output.selection} > {log} 2>&1"
 
 
 checkpoint final_candidate:
@@ -24,6 +27,7 @@ checkpoint final_candidate:
         summaries=confirm_cells,
         gates=gates_of_confirm,
         selection=ancient(selection_file),
+        plan=ancient("results/plan/confirm.json"),
     output:
         decision="results/selection/final-candidate.json",
     log:
@@ -34,7 +38,7 @@ checkpoint final_candidate:
         "../envs/specstudy.yaml"
     shell:
         "specstudy final-candidate --config {params.config} --summaries {input.summaries} --gates {input.gates} "
-        "--selection {input.selection} --out {output.decision} > {log} 2>&1"
+        "--selection {input.selection} --plan {input.plan} --out {output.decision} > {log} 2>&1"
 
 
 # Adaptive confirmation (pre-registered stopping rule, docs/report.md): after round confirmation.repeats and each

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_skips import pytest_runtest_makereport  # noqa: F401  (CI=true: a skipped test fails the run)
 from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real local Slurm fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -87,6 +87,7 @@ def test_valid_cell_definitions():
     assert s["validity"] == {
         "valid": True,
         "reasons": [],
+        "notes": [],
         "latency_valid": True,
         "tpot_valid": True,
         "throughput_valid": True,
@@ -151,7 +152,8 @@ def test_missing_usage_invalidates_throughput_and_tpot_only():
     rows[2] = row(2, start=1.0, end=2.0, ttft=30.0, usage=False)
     s = summ(rows, after=vllm_text(gen=44.0, drafts=20, draft_tokens=60, accepted=24, per_pos=(12, 8, 4)))
     assert codes(s) == ["missing_usage"]
-    assert s["server_deltas"]["foreign_traffic_token_check"].startswith("skipped: 1 request")
+    assert s["server_deltas"]["foreign_traffic_token_check"] == "lower bound only"
+    assert [n["code"] for n in s["validity"]["notes"]] == ["foreign_traffic_partial"]
     assert s["requests"]["missing_usage"] == 1
     v = s["validity"]
     assert v["valid"] is True and v["latency_valid"] is True
@@ -292,3 +294,37 @@ def test_run_cell_with_metrics_server(tmp_path, monkeypatch):
     assert s["wall_seconds"] == pytest.approx(1.3)
     assert (tmp_path / "c" / "metrics_before.prom").read_text().startswith("# HELP")
     assert s["server_deltas"]["generation_tokens"] == 44.0
+
+
+def test_foreign_traffic_uses_the_rows_with_usage_and_discloses_a_partial_check():
+    """Review #16.8: one failed request without usage used to skip the whole check in silence."""
+    rows = four_rows() + [row(4, start=2.0, end=2.2, ttft=5.0, success=False, usage=False, finish=None)]
+    after_less = vllm_text(gen=10.0, drafts=20, draft_tokens=60, accepted=24, per_pos=(12, 8, 4), success=succ(5))
+    s = cell.summarize(rows, vllm_text(gen=0.0, drafts=0, draft_tokens=0, accepted=0, per_pos=(0, 0, 0)),
+                       after_less, keys=KEYS, corpus=CORPUS, client=CLIENT,
+                       thresholds={"min_success_rate": 0.5})
+    schemas.validate(s, "cell-summary", "test")
+    # the server generated fewer tokens than the successful rows received: flagged despite the failed row
+    assert "foreign_traffic" in codes(s)
+    assert [n["code"] for n in s["validity"]["notes"]] == ["foreign_traffic_partial"]
+    assert "request_index [4]" in s["validity"]["notes"][0]["detail"]
+    # more tokens than the successful rows received: may be the failed request's, not flagged, but disclosed
+    after_more = vllm_text(gen=44.0 + 30, drafts=20, draft_tokens=60, accepted=24, per_pos=(12, 8, 4), success=succ(5))
+    s = cell.summarize(rows, vllm_text(gen=0.0, drafts=0, draft_tokens=0, accepted=0, per_pos=(0, 0, 0)),
+                       after_more, keys=KEYS, corpus=CORPUS, client=CLIENT, thresholds={"min_success_rate": 0.5})
+    assert "foreign_traffic" not in codes(s)
+    assert s["server_deltas"]["foreign_traffic_token_check"] == "lower bound only"
+    assert s["validity"]["notes"][0]["code"] == "foreign_traffic_partial"
+    # a request the server refused (HTTP 503) generated nothing: the full check is made, no note
+    refused = four_rows() + [dict(row(4, start=2.0, end=2.2, ttft=5.0, success=False, usage=False), status_code=503)]
+    s = cell.summarize(refused, vllm_text(gen=0.0, drafts=0, draft_tokens=0, accepted=0, per_pos=(0, 0, 0)),
+                       after_more, keys=KEYS, corpus=CORPUS, client=CLIENT, thresholds={"min_success_rate": 0.5})
+    assert "foreign_traffic" in codes(s) and s["validity"]["notes"] == []
+    assert s["server_deltas"]["foreign_traffic_token_check"] == "done"
+
+
+def test_cell_error_is_a_known_reason():
+    """Review #16.7: recording a cell that raised used to raise (reason missing from table and schema)."""
+    s = cell.failed_summary(KEYS, CORPUS, "cell_error", "RuntimeError: loadgen exploded")
+    schemas.validate(s, "cell-summary", "test")
+    assert codes(s) == ["cell_error"] and s["validity"]["valid"] is False

@@ -15,8 +15,11 @@ import pytest
 
 from specstudy import gate, schemas
 
-UPSTREAM = Path("/work/shared/upstream-70b/results/70b/correctness/smoke-20260913-debug")
-needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason="upstream 70B data not available")
+# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
+UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
+            / "correctness" / "smoke-20260913-debug")
+needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason=f"upstream 70B data not available at {UPSTREAM} "
+                                    "(the shared data belong at ../shared/upstream-70b)")
 MARGINS = {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
            "max_completion_token_difference": 2}
 # upstream gate field name -> ours
@@ -232,13 +235,56 @@ def test_margins_validation_names_field():
         gate.validate_margins({**MARGINS, "min_common_prefix_fraction": 1.5})
 
 
-def test_treatment_pairs_every_baseline_by_every_candidate():
+def test_treatment_pairs_each_candidate_with_one_baseline():
     base1, base2, spec1 = _arms()
     spec2 = cap({"p1": "one two three four", "p2": "alpha beta delta"}, dep="s2", arm="draft-k3-tp1")
     g = gate.judge([base1, base2], [spec1, spec2], [base1], [base2], MARGINS)
-    pairs = {(p["a"]["deployment_id"], p["b"]["deployment_id"]) for p in g["treatment"]["pairs"]}
-    assert pairs == {("b1", "s1"), ("b1", "s2"), ("b2", "s1"), ("b2", "s2")}
-    assert g["treatment"]["worst_case"]["exact_matches"] == 1 + 2 + 0 + 1
+    pairs = [(p["a"]["deployment_id"], p["b"]["deployment_id"]) for p in g["treatment"]["pairs"]]
+    assert pairs == [("b1", "s1"), ("b2", "s2")] and g["treatment"]["pairing"] == "by_position"
+    assert g["treatment"]["worst_case"]["exact_matches"] == 2 + 0
+
+
+def _dep_record(tmp_path, capture, rep):
+    d = tmp_path / capture["deployment_id"]
+    (d / "smoke").mkdir(parents=True)
+    (d / "smoke" / "capture-1.json").write_text(json.dumps(capture))
+    rec = {"schema": "specstudy.deployment/1", "deployment_id": capture["deployment_id"], "status": "ok",
+           "rep": rep, "rep_label": f"rep{rep}", "smoke": {"captures": ["smoke/capture-1.json"]}}
+    (d / "deployment.json").write_text(json.dumps(rec))
+    return str(d / "deployment.json")
+
+
+def test_gate_compares_like_with_like_and_states_the_control_size(tmp_path):
+    """Review #16.3: the treatment's worst case was taken over every baseline x candidate pair (9 in
+    confirmation), the control's over one rep1-vs-rep2 pair. Now: each candidate repeat against the
+    baseline of its repeat (3 pairs), the control over every pair of baseline repeats (3 pairs)."""
+    texts = ["one two three four", "one two three five", "one two six seven"]
+    bases = [_dep_record(tmp_path, cap({"p1": t, "p2": "alpha beta gamma"}, dep=f"b{i + 1}"), i + 1)
+             for i, t in enumerate(texts)]
+    # candidate repeat r reproduces baseline repeat r exactly: it is as deterministic as the baseline
+    cands = [_dep_record(tmp_path, cap({"p1": t, "p2": "alpha beta gamma"}, dep=f"s{i + 1}", arm="draft-k3-tp1"),
+                         i + 1) for i, t in reversed(list(enumerate(texts)))]
+    g = gate.judge(bases, cands, margins=MARGINS, phase="confirm", control=bases)
+    schemas.validate(g, "gate", "<test>")
+    pairs = sorted((p["a"]["deployment_id"], p["b"]["deployment_id"]) for p in g["treatment"]["pairs"])
+    assert pairs == [("b1", "s1"), ("b2", "s2"), ("b3", "s3")] and g["treatment"]["pairing"] == "by_rep"
+    assert g["treatment"]["n_pairs"] == 3
+    cpairs = sorted(tuple(sorted((p["a"]["deployment_id"], p["b"]["deployment_id"]))) for p in g["control"]["pairs"])
+    assert cpairs == [("b1", "b2"), ("b1", "b3"), ("b2", "b3")]
+    assert g["control"]["n_pairs"] == 3 and g["control"]["n_deployments"] == 3
+    assert g["control"]["pairing"] == "all_pairs"
+    assert g["treatment"]["worst_case"]["exact_matches"] == 6 and g["verdict"] == "pass"
+    from specstudy import tables
+
+    row = tables.gate_row(g, "confirm", "draft-k3-tp1")
+    assert (row["treatment_pairs"], row["control_pairs"], row["control_deployments"]) == (3, 3, 3)
+    # the CLI takes the baseline repeats as the control
+    from specstudy import cli
+
+    out = tmp_path / "gate.json"
+    assert cli.main(["gate", "judge", "--baseline", *bases, "--candidate", *cands, "--control", *bases,
+                     "--margins", json.dumps(MARGINS), "--phase", "confirm", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["control"]["n_pairs"] == 3
 
 
 # --------------------------------------------------------------------------- token level

@@ -21,6 +21,21 @@ def _build(tmp_path, **kw):
 CLEAR = {**EFFECTS, "draft-k3-tp4": {**EFFECTS["draft-k3-tp4"], ("chat", 8): 1.05}}
 
 
+def _prereg(tmp_path):
+    """The embedded pre-registration with H2's low workload renamed to this tree's 'chat'."""
+    import yaml
+
+    from specstudy.config import REPO_ROOT
+
+    prereg = yaml.safe_load((REPO_ROOT / "config" / "preregistration.yaml").read_text())
+    next(h for h in prereg["hypotheses"] if h["id"] == "H2")["roles"]["low"] = "chat"
+    # The fixture tree has its 3 rounds and no adaptive look left: one look, no correction for repeated looks.
+    prereg["confirmation"]["stopping"]["max_repeats"] = prereg["confirmation"]["repeats"]
+    p = tmp_path / "prereg.yaml"
+    p.write_text(yaml.safe_dump(prereg))
+    return p
+
+
 def test_report_full_tree(tmp_path):
     res = _build(tmp_path, effects=CLEAR)
     for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
@@ -31,7 +46,9 @@ def test_report_full_tree(tmp_path):
              "confirmation": {"knee_verdicts": ["pass"] * 3, "above_verdicts": ["fail", "pass", "fail"],
                               "moves": [{"from_knee_rps": knee * 1.25, "to_knee_rps": knee, "direction": "down"}]}}))
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH}}))
+    cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH},
+                               "study": {"preregistration": str(_prereg(tmp_path))},
+                               "corpora": {"workloads": {w: f"{w}.yaml" for w in ("code", "chat", "summarization")}}}))
     from specstudy.cli import main
 
     assert main(["report", "--results", str(res), "--tables", str(res / "tables"), "--config", str(cfg),
@@ -48,7 +65,9 @@ def test_report_full_tree(tmp_path):
                    "| draft-k3-tp4 | 5 | 6.25 | confirmed | 3/3 pass, 2/3 fail |", "knee moved down from 6.25", "the draft costs 20.0% of the KV pool",
                    "moves the knee by +1 req/s", "Control's worst case", "nothing: all inputs present",
                    "Stability: enable draft-k3-tp4 in", "Per-cell verdicts", "| draft-k3-tp4 | code@c1 | 3 | 1.409 | "
-                   "[1.312, 1.514] | gain |"):
+                   "[1.312, 1.514] | gain |",
+                   "Correctness gates", "| H2 | Code and summarization accept more and gain more than open chat. | screen |",
+                   "Gate rule: A candidate is eligible only with a correctness-gate verdict 'pass' from the confirm phase"):
         assert needle in md, needle
     assert "<table>" in html and "plots/speedup.png" in html
     for png in ("speedup", "tpot", "acceptance_vs_speedup", "per_position", "memory", "latency", "drift"):
@@ -100,3 +119,16 @@ def test_report_names_inconclusive_cells_and_the_rounds_run(tmp_path):
     assert "| 3 | do_not_enable | one more round | undecided after 3 rounds: draft-k3-tp4 chat@c8 |" in md
     assert "do_not_enable in 80% of resamples, enable draft-k3-tp4 in 20% of resamples" in md
     assert abs(sum(rec["stability"]["outcomes"].values()) - 1) < 1e-9
+
+
+def test_report_shows_drift_from_drift_deployments(tmp_path):
+    """Review #16.1: the report's drift section names the drift<n> deployments it used."""
+    from test_tables import _add_drift_deployment
+
+    res = make_results_tree(tmp_path)
+    _add_drift_deployment(res)
+    tables.build_tables(res, res / "tables")
+    summary = report.build(res, res / "tables", {}, res / "report")
+    md = (res / "report" / "report.md").read_text()
+    assert "Interleaved drift baseline deployments (screen/drift1): 1 valid cell(s), 1 in the trend" in md
+    assert summary["drift"]["n_by_kind"]["drift"] == 1

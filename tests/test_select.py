@@ -132,9 +132,58 @@ def test_final_candidate_requires_a_passing_gate():
     s += [conf("draft-k2-tp1", "code", 1, r, 150) for r in (1, 2, 3)]
     s += [conf("ngram-k2", "code", 1, r, 120) for r in (1, 2, 3)]
     sel = {"confirmation_arms": ["baseline", "draft-k2-tp1", "ngram-k2"]}
-    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "verdict": "pass"}, {"arm": "ngram-k2", "verdict": "pass"}], sel)
+    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "phase": "confirm", "verdict": "pass"},
+                                      {"arm": "ngram-k2", "phase": "confirm", "verdict": "pass"}], sel)
     assert res["arm"] == "draft-k2-tp1" and res["beats_baseline"]
-    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "verdict": "fail"}, {"arm": "ngram-k2", "verdict": "pass"}], sel)
+    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "phase": "confirm", "verdict": "fail"},
+                                      {"arm": "ngram-k2", "phase": "confirm", "verdict": "pass"}], sel)
     assert res["arm"] == "ngram-k2"
-    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "verdict": "no_verdict"}], sel)
+    res = select.final_candidate(s, [{"arm": "draft-k2-tp1", "phase": "confirm", "verdict": "no_verdict"}], sel)
     assert res["arm"] is None
+
+
+def test_select_respects_the_screening_gates():
+    """Review #16.5: an arm whose screening gate failed used to be selected anyway."""
+    gates = [{"arm": "draft-k4-tp1", "phase": "screen", "verdict": "fail"},
+             {"arm": "draft-k2-tp1", "phase": "screen", "verdict": "pass"}]
+    res = select.select(all_summaries(), deployments({}), PREREG, gates)
+    assert "draft-k4-tp1" not in res["confirmation_arms"]
+    assert res["per_workload"]["code"]["best"] == "draft-k2-tp1"
+    assert res["gate_excluded"] == [{"arm": "draft-k4-tp1", "why": "screening correctness gate verdict fail"}]
+
+
+def test_a_hand_edited_selection_is_never_consumed(study):
+    """Review #16.5: confirmation trusted selection.json without checking it."""
+    from specstudy import atomic
+    from specstudy.deployment_run import run_deployment
+
+    out = "results/selection/selection.json"
+    select.run_selection(study["cfg"], "results/screen/prereg-lock.json", study["summaries"], [], out)
+    assert select.verify_selection(out)["confirmation_arms"][0] == "baseline"
+    # the plan records the selection's sha256
+    from specstudy.cli import main
+
+    assert main(["plan", "--config", study["cfg"], "--phase", "confirm", "--selection", out,
+                 "--out", "results/plan/confirm.json"]) == 0
+    select.verify_selection(out, "results/plan/confirm.json")
+    # a hand edit: one more arm for confirmation
+    sel = json.loads(Path(out).read_text())
+    sel["confirmation_arms"].append("ngram-k4")
+    Path(out).write_text(json.dumps(sel))
+    with pytest.raises(select.SelectionError, match="field 'digest'"):
+        select.verify_selection(out)
+    assert main(["plan", "--config", study["cfg"], "--phase", "confirm", "--selection", out,
+                 "--out", "results/plan/confirm2.json"]) == 2
+    # a selection re-written with a valid digest but not the one the plan was built from
+    sel["digest"] = select.selection_digest(sel)
+    Path(out).write_text(json.dumps(sel))
+    select.verify_selection(out)
+    with pytest.raises(select.SelectionError, match="recorded in results/plan/confirm.json"):
+        select.verify_selection(out, "results/plan/confirm.json")
+    # a confirmation deployment refuses to run on it (before any server starts)
+    spec = {"phase": "confirm", "rep": "rep1", "kind": "repeat", "arm": {"name": "baseline", "method": "baseline"},
+            "cells": [], "engine": {"target": {"path": "m", "max_model_len": 8}}, "cell_settings": {}}
+    assert run_deployment(spec, "results/confirm/baseline/rep1", "results/plan/confirm.json",
+                          results_root="results") == 2
+    assert not Path("results/confirm/baseline/rep1/deployment.json").exists()
+    assert atomic.read_json("results/plan/confirm.json")["selection"]["path"] == out

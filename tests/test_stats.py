@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,7 +166,25 @@ def test_gate_blocks(verdict):
     gates = [] if verdict is None else [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": verdict}]
     rec = stats.recommend(comps, gates)
     assert rec["decision"] == "do_not_enable"
-    assert rec["candidates"][0]["blockers"][0] == f"gate verdict {verdict or 'missing'}"
+    assert rec["candidates"][0]["blockers"][0] == (f"gate verdict {verdict}" if verdict else "no confirm gate verdict")
+
+
+def test_a_screening_gate_never_stands_in_for_the_confirmation_gate():
+    """Review #16.4: recommend silently fell back to the screening gate; final_candidate did not."""
+    comps = [_comp("draft-k3-tp4", w, c, WIN) for w in ("code", "chat") for c in (1, 8)]
+    rec = stats.recommend(comps, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}])
+    assert rec["decision"] == "do_not_enable"
+    assert rec["candidates"][0]["gate_verdict"] == "missing"
+    assert rec["candidates"][0]["blockers"][0] == "no confirm gate verdict (the screen gate does not stand in for it)"
+    assert "never stands in" in rec["gate_rule"] and "confirm phase" in rec["gate_rule"]
+    # the final candidate applies the same rule: a screening pass does not make an arm eligible
+    from specstudy.select import final_candidate
+
+    summ = [{"keys": {"arm": a, "workload": "code", "concurrency": 1}, "validity": {"valid": True},
+             "tokens": {"output_tokens_per_second": v}} for a, v in (("baseline", 100.0), ("draft-k3-tp4", 130.0))]
+    fc = final_candidate(summ, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}],
+                         {"confirmation_arms": ["baseline", "draft-k3-tp4"]})
+    assert fc["arm"] is None
 
 
 def test_recommend_without_confirmation():
@@ -204,7 +223,8 @@ def test_h4_untestable_when_engine_refuses():
     comps = [_comp("draft-k3-tp4", "code", 1, WIN, phase="screen")]
     deps = [{"arm": "draft-k3-tp1", "method": "draft_model", "draft_tensor_parallel_size": 1, "status": "failed",
              "deployment_id": "x", "failure_stage": "startup", "failure_reason": "draft TP must equal target TP"}]
-    (h,) = stats.hypotheses(comps, deps, {"hypotheses": [{"id": "H4", "statement": "tp"}]})
+    (h,) = stats.hypotheses(comps, deps, [{"id": "H4", "statement": "tp", "phase": "screen",
+                                           "test": "draft_tp_contrast", "params": {"better": 1, "worse": 4}}])
     assert h["verdict"] == "untestable" and "refused" in h["reason"]
 
 
@@ -222,3 +242,42 @@ def test_explanatory_model_recovers_slope():
     assert m["fitted"] and "EXPLANATORY" in m["label"]
     coef = {p["term"]: p["coef"] for p in m["params"]}
     assert coef["acceptance_rate"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_h2_is_evaluated_from_the_preregistration_of_both_studies(tmp_path):
+    """Review #16.2: H2's default named a workload 'chat'; both studies call it 'open_chat', and the
+    pre-registration's hypotheses list was read by nothing: H2 could never be tested."""
+    import yaml
+
+    from specstudy.config import load_config, load_prereg
+
+    root = Path(__file__).resolve().parents[1]
+    for cfg_file in ("config/config.yaml", "config/clariden-70b.yaml"):
+        cfg = load_config(root / cfg_file)
+        cfg["study"]["preregistration"] = str(root / cfg["study"]["preregistration"])
+        declared = load_prereg(cfg)["hypotheses"]
+        h2 = next(h for h in declared if h["id"] == "H2")
+        assert h2["roles"]["low"] in cfg["corpora"]["workloads"], cfg_file
+    comps = []
+    for w, acc, sp in (("code", 0.7, 1.3), ("summarization", 0.6, 1.25), ("open_chat", 0.3, 1.05)):
+        for c in (1, 4):
+            comp = _comp("draft-k2-tp1", w, c, [sp, sp * 1.01, sp * 0.99], phase="screen")
+            comp["absolute"] = {"acceptance_rate": acc}
+            for r in comp["repeats"]:
+                r["acceptance_rate"] = acc
+            comps.append(comp)
+    hyps = {h["id"]: h for h in stats.hypotheses(comps, [], declared)}
+    assert hyps["H2"]["verdict"] == "supported", hyps["H2"]
+    assert hyps["H2"]["phase_used"] == "screen" and hyps["H2"]["roles"]["low"] == "open_chat"
+    assert "4/4" in hyps["H2"]["evidence"]
+    # a pre-registration whose roles name a workload the study does not have is refused when loaded
+    cfg = load_config(root / "config/config.yaml")
+    bad = yaml.safe_load((root / "config/preregistration.yaml").read_text())
+    next(h for h in bad["hypotheses"] if h["id"] == "H2")["roles"]["low"] = "chat"
+    p = tmp_path / "prereg-bad.yaml"
+    p.write_text(yaml.safe_dump(bad))
+    cfg["study"]["preregistration"] = str(p)
+    from specstudy.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hypotheses\[1\].*roles.low: 'chat' is not a workload of this study"):
+        load_prereg(cfg)

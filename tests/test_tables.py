@@ -256,3 +256,55 @@ def test_confounds_read_the_launch_log_parser_shape():
     assert row["async_scheduling"] is False
     assert confound_fields({"async_scheduling": {"enabled": True}})["async_scheduling"] is True
     assert confound_fields({})["async_scheduling"] is None
+
+
+def _add_drift_deployment(res: Path, label: str = "drift1", t: float = 1_760_900_000.0) -> str:
+    """Copy baseline rep0's chat/c1 cell into an interleaved drift baseline deployment ``screen/baseline/<label>``."""
+    src = res / "screen" / "baseline" / "rep0"
+    dst = res / "screen" / "baseline" / label
+    dep_id = f"screen-baseline-{label}-a1"
+    summary = json.loads((src / "chat" / "c1" / "summary.json").read_text())
+    summary["keys"].update(rep=int(label.removeprefix("drift")), deployment_id=dep_id, kind="drift", rep_label=label)
+    summary["times"] = {"started_at": t, "ended_at": t + 30}
+    summary["tokens"]["output_tokens_per_second"] *= 0.9
+    _write(dst / "chat" / "c1" / "summary.json", summary)
+    dep = json.loads((src / "deployment.json").read_text())
+    dep.update(deployment_id=dep_id, rep=summary["keys"]["rep"], rep_label=label, kind="drift",
+               cells=[{"workload": "chat", "concurrency": 1, "summary": "x", "status": "valid", "deployment_id": dep_id}])
+    _write(dst / "deployment.json", dep)
+    return dep_id
+
+
+def test_drift_deployments_reach_the_tables(tree):
+    """Review #16.1: drift<n> deployments were measured and then ignored (tables read rep<n> only)."""
+    dep_id = _add_drift_deployment(tree)
+    rows = tables.collect(tree)
+    drift_cells = [r for r in rows["cells"] if r["deployment_id"] == dep_id]
+    assert len(drift_cells) == 1
+    assert drift_cells[0]["kind"] == "drift" and drift_cells[0]["rep_label"] == "drift1"
+    assert drift_cells[0]["rep"] == 1
+    repeat = [r for r in rows["cells"] if r["arm"] == "baseline" and r["rep"] == 1 and r["kind"] == "repeat"]
+    assert repeat and all(r["rep_label"] == "rep1" for r in repeat)
+    deps = [r for r in rows["deployments"] if r["deployment_id"] == dep_id]
+    assert len(deps) == 1 and deps[0]["kind"] == "drift" and deps[0]["rep_label"] == "drift1"
+    tables.build_tables(tree, tree / "tables")
+    from specstudy import stats
+
+    t = tables.read_tables(tree / "tables")
+    dr = stats.drift(t["cells"], t["deployments"])
+    assert dr["n_by_kind"]["drift"] == 1 and dr["drift_deployments"] == ["screen/drift1"]
+    assert any(p["kind"] == "drift" for p in dr["points"])
+    # drift baselines are never paired with arms
+    comps = stats.comparisons(t["cells"])
+    assert all(dep_id not in (r["base_deployment"] for r in c["repeats"]) for c in comps)
+
+
+def test_cell_keys_keep_kind_and_rep_label():
+    from specstudy import cell
+
+    keys = {"phase": "screen", "arm": "baseline", "method": "baseline", "num_speculative_tokens": None,
+            "draft_tensor_parallel_size": None, "rep": 1, "workload": "chat", "concurrency": 1,
+            "deployment_id": "d", "kind": "drift", "rep_label": "drift1"}
+    s = cell.failed_summary(keys, {}, "deployment_failed", "x")
+    assert s["keys"]["kind"] == "drift" and s["keys"]["rep_label"] == "drift1"
+    cell.validate_summary(s)

@@ -13,9 +13,12 @@ import pytest
 
 from specstudy import atomic, cell, schemas, upstream
 
-ROOT = Path("/work/shared/upstream-70b/results/70b/smoke-screening-20260913-debug")
+# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b"
+ROOT = SHARED / "results" / "70b" / "smoke-screening-20260913-debug"
 CELLS = sorted(ROOT.glob("*/open_chat/c*/repeat-01")) if ROOT.exists() else []
-pytestmark = pytest.mark.skipif(len(CELLS) != 6, reason="upstream 70B data not available")
+pytestmark = pytest.mark.skipif(len(CELLS) != 6, reason=f"upstream 70B data not available: {ROOT} has "
+                                f"{len(CELLS)} of 6 cells (the shared data belong at ../shared/upstream-70b)")
 REL = 1e-9
 
 
@@ -145,3 +148,90 @@ def test_cli_rejects_non_cell(tmp_path, capsys):
     args = parser.parse_args(["import-upstream", str(tmp_path / "x"), str(tmp_path / "out")])
     assert args.func(args) == 2
     assert "missing" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- review #16.9: the importer's honesty
+
+
+def _copy_cell(tmp_path, name="draft-n3-tp4-3391426", conc="c1"):
+    import shutil
+
+    src = ROOT / name / "open_chat" / conc / "repeat-01"
+    dst = tmp_path / "up" / name / "open_chat" / conc / "repeat-01"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    upstream.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["import-upstream", *argv])
+    return args.func(args)
+
+
+def test_empty_metrics_files_are_an_error_not_a_valid_cell_without_speculation(tmp_path):
+    d = _copy_cell(tmp_path)
+    (d / "metrics_before.prom").write_text("")
+    with pytest.raises(upstream.UpstreamError, match=r"metrics_before.prom: empty file"):
+        upstream.convert_cell(d)
+    # a draft arm whose scrapes carry no speculative counters is refused too
+    d2 = _copy_cell(tmp_path, conc="c8")
+    base = ROOT / "baseline-3391425" / "open_chat" / "c8" / "repeat-01"
+    for name in ("metrics_before.prom", "metrics_after.prom"):
+        (d2 / name).write_text((base / name).read_text())
+    with pytest.raises(upstream.UpstreamError, match=r"no vllm:spec_decode_\* counters.*'draft_model'"):
+        upstream.convert_cell(d2)
+
+
+def test_directory_run_imports_the_complete_cells_and_lists_the_incomplete(tmp_path, capsys):
+    good = _copy_cell(tmp_path, conc="c8")
+    bad = _copy_cell(tmp_path, conc="c1")
+    (bad / "metrics_after.prom").unlink()
+    (bad / "summary.json").unlink()
+    out = tmp_path / "out"
+    assert _cli([str(tmp_path / "up"), str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"incomplete: {bad}: missing metrics_after.prom, summary.json" in err
+    assert "1 cell(s) imported, 1 incomplete, 0 with errors" in err
+    assert (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c8" / "summary.json").exists()
+    assert not (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c1").exists()
+    assert good.exists()
+    # asked to be strict: the same run exits non-zero
+    assert _cli([str(tmp_path / "up"), str(tmp_path / "out2"), "--strict"]) == 2
+
+
+def test_wall_recomputed_from_the_rows_beside_upstreams(converted):
+    rows, s, u, up = converted
+    w = s["upstream"]["wall"]
+    conc = s["keys"]["concurrency"]
+    assert w["wall_seconds_upstream"] == u["wall_seconds"]
+    assert w["wall_seconds_from_rows"] == pytest.approx(sum(r["upstream"]["e2e_ms"] for r in rows) / 1000 / conc)
+    assert w["output_tokens_per_second_from_rows"] == pytest.approx(s["tokens"]["completion"] / w["wall_seconds_from_rows"])
+    # busy time / workers never exceeds the wall; at concurrency 1 it is the wall up to the gaps between requests
+    assert w["rows_to_upstream_wall"] <= 1.0
+    if conc == 1:
+        assert w["rows_to_upstream_wall"] > 0.95
+
+
+def test_upstream_definition_latencies_reported_beside_ours(converted, capsys):
+    rows, s, u, _ = converted
+    ud = s["upstream"]["latency_ms_upstream_definition"]
+    for metric in ("e2e", "tpot"):
+        for k in ("count", "mean", "p50", "p95", "p99"):
+            assert close(ud[metric][k], u["latency_ms"][metric][k]), (metric, k)
+
+
+def test_cli_reports_both_definitions_for_the_whole_shared_folder(capsys):
+    """`specstudy import-upstream ../shared/upstream-70b` (no output root: report only)."""
+    from specstudy.cli import main
+
+    assert main(["import-upstream", str(SHARED)]) == 0
+    out, err = capsys.readouterr()
+    assert "6 cell(s) read, 0 incomplete, 0 with errors" in err
+    lines = out.splitlines()
+    assert "e2e50" in lines[0] and "tpot50" in lines[0] and "ours" in lines[1] and "up" in lines[1]
+    base_c1 = next(line for line in lines if line.startswith("baseline") and " 1   " in line)
+    s = upstream.convert_cell(ROOT / "baseline-3391425" / "open_chat" / "c1" / "repeat-01")[1]
+    assert f"{s['latency_ms']['e2e']['p50']:.1f}" in base_c1
+    assert f"{s['upstream']['latency_ms_upstream_definition']['e2e']['p50']:.1f}" in base_c1
+    assert "ours end at the last content event" in out

@@ -103,21 +103,20 @@ def fake_screening(workdir: Path) -> None:
               {"arm": {"name": d["arm"]}, "status": "ok", "prereg_sha256": planmod.prereg_lock(cfg)["sha256"]})
     for arm in speed:
         if arm != "baseline":
-            write(f"results/gates/screen/{arm}.json", {"arm": arm, "verdict": "pass"})
+            write(f"results/gates/screen/{arm}.json", {"arm": arm, "phase": "screen", "verdict": "pass"})
 
 
 def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
     out = sm(workdir, "-n", "screen").stdout
     counts = job_counts(out)
-    # 5 arms x 2 repeats; the embedded default declares no extra drift baselines
+    # 5 arms x 2 repeats, and the embedded default's one interleaved drift baseline
     assert counts["deploy_screen"] == 10
-    assert "deploy_drift" not in counts
+    assert counts["deploy_drift"] == 1
     assert counts["gate"] == 4
     assert "deploy_confirm" not in counts and "select" not in counts
     # with two blocks and one interleaved drift baseline per block
     cfg = workdir / "config" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n")
-                   .replace("drift_baselines_per_block: 0", "drift_baselines_per_block: 1"))
+    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n"))
     counts = job_counts(sm(workdir, "-n", "-p", "screen").stdout)
     assert counts["deploy_screen"] == 10 and counts["deploy_drift"] == 2
 
@@ -129,7 +128,10 @@ def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_pic
     cmd = next(line for line in out.splitlines() if "specstudy select" in line)
     inputs = [p for p in re.findall(r"results/\S+\.json", cmd)
               if not p.startswith("results/.config/") and p != "results/selection/selection.json"]
-    assert inputs and all(p.startswith("results/screen/") for p in inputs), inputs
+    # screening outputs only: cells, deployment records, and the screening gates (an arm whose gate failed
+    # is never selected)
+    assert inputs and all(p.startswith(("results/screen/", "results/gates/screen/")) for p in inputs), inputs
+    assert any(p.startswith("results/gates/screen/") for p in inputs)
     assert "/confirm/" not in cmd
 
     sm(workdir, "results/selection/selection.json")

@@ -31,6 +31,7 @@ REASON_EFFECT = {
     "loadgen_limited": "reject",
     "deployment_failed": "reject",
     "corpus_mismatch": "reject",
+    "cell_error": "reject",
     "missing_usage": "throughput",
     "foreign_traffic": "throughput",
 }
@@ -96,17 +97,31 @@ def _reason(code: str, detail: str) -> dict:
     return {"code": code, "detail": detail}
 
 
-def _validity(reasons: list[dict], *, wall_ok: bool = True) -> dict:
+# Disclosed limits of a check that could only be made in part; they change no validity flag.
+NOTE_CODES = ("foreign_traffic_partial", "foreign_traffic_unchecked")
+
+
+def _note(code: str, detail: str) -> dict:
+    if code not in NOTE_CODES:
+        raise ValueError(f"unknown validity note code {code!r}; known: {list(NOTE_CODES)}")
+    return {"code": code, "detail": detail}
+
+
+def _validity(reasons: list[dict], *, wall_ok: bool = True, notes: list[dict] | None = None) -> dict:
     codes = {r["code"] for r in reasons}
     rejected = any(REASON_EFFECT[c] == "reject" for c in codes)
     tput_bad = any(REASON_EFFECT[c] == "throughput" for c in codes)
     return {
         "valid": not rejected,
         "reasons": reasons,
+        "notes": list(notes or []),
         "latency_valid": not rejected,
         "tpot_valid": not rejected and not tput_bad,
         "throughput_valid": not rejected and not tput_bad and wall_ok,
     }
+
+
+OPTIONAL_KEY_FIELDS = ("kind", "rep_label")  # repeat | drift | upstream; the rep<n>/drift<n> path component
 
 
 def _keys(keys: dict) -> dict:
@@ -116,6 +131,8 @@ def _keys(keys: dict) -> dict:
     out = {k: keys[k] for k in KEY_FIELDS}
     if keys.get("tensor_parallel_size") is not None:  # the target's TP (the draft's is draft_tensor_parallel_size)
         out["tensor_parallel_size"] = int(keys["tensor_parallel_size"])
+    # A drift baseline (drift<n>) shares its rep number with rep<n>: kind and rep_label tell them apart.
+    out.update({k: keys[k] for k in OPTIONAL_KEY_FIELDS if keys.get(k) is not None})
     return out
 
 
@@ -194,6 +211,7 @@ def summarize(
     th = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     metrics_errors = metrics_errors or {}
     reasons: list[dict] = []
+    notes: list[dict] = []
 
     attempted = len(rows)
     ok = [r for r in rows if is_success(r)]
@@ -273,25 +291,46 @@ def summarize(
         speculative = prom.speculative_block(b, a)
         server = {"available": True, **prom.server_deltas(b, a)}
 
-        # foreign traffic: server-side generated tokens / finished requests vs what our clients saw
+        # foreign traffic: server-side generated tokens / finished requests vs what our clients saw.
+        # Known tokens: every row with usage (successful rows, and failed rows that still reported usage);
+        # a request the server answered with an HTTP error generated nothing. Tokens of any other failed
+        # request without usage are unknown: then only "server generated fewer than the clients received"
+        # can be checked, and the summary says so in a validity note.
+        def _known_zero(r: dict) -> bool:
+            return r.get("status_code") not in (200, None)
+
         client_comp_all = sum(int(r["completion_tokens"]) for r in rows if r.get("completion_tokens") is not None)
+        unknown_rows = [r for r in rows if r.get("completion_tokens") is None and not _known_zero(r)]
         rows_without_usage = sum(1 for r in rows if r.get("completion_tokens") is None)
         gen = server["generation_tokens"]
         tol = max(th["foreign_traffic_abs_tokens"], th["foreign_traffic_rel_tol"] * client_comp_all)
         server["client_completion_tokens"] = client_comp_all
         server["client_rows_without_usage"] = rows_without_usage
+        server["client_rows_unknown_tokens"] = len(unknown_rows)
         server["generation_tokens_minus_client"] = None if gen is None else gen - client_comp_all
         server["foreign_traffic_tolerance_tokens"] = tol
         foreign = []
-        server["foreign_traffic_token_check"] = "done"
-        if rows_without_usage:
-            # tokens of requests without usage are unknown: the token comparison cannot be made
-            server["foreign_traffic_token_check"] = f"skipped: {rows_without_usage} request(s) without usage"
-        elif gen is None or dec or evidence:
-            server["foreign_traffic_token_check"] = "skipped: no generation-token delta"
+        if dec or evidence:
+            server["foreign_traffic_token_check"] = "not made: counters decreased or the server restarted (see reasons)"
+        elif gen is None:
+            server["foreign_traffic_token_check"] = "not made: no generation-token counter"
+            notes.append(_note("foreign_traffic_unchecked",
+                               "the server exposes no vllm:generation_tokens_total counter: the foreign-traffic "
+                               "token check was not made (only the finished-request count was compared)"))
         else:
             diff = gen - client_comp_all
-            if diff > tol:
+            if unknown_rows:
+                server["foreign_traffic_token_check"] = "lower bound only"
+                notes.append(_note(
+                    "foreign_traffic_partial",
+                    f"{len(unknown_rows)} failed request(s) without usage (request_index "
+                    f"{[r.get('request_index') for r in unknown_rows][:10]}) may have generated tokens the client "
+                    f"never saw: only 'server generated fewer tokens than the clients received' was checked "
+                    f"({client_comp_all} tokens from {len(rows) - rows_without_usage} request(s) with usage, server "
+                    f"{gen:g}); extra server tokens up to any amount are attributed to those requests"))
+            else:
+                server["foreign_traffic_token_check"] = "done"
+            if diff > tol and not unknown_rows:
                 foreign.append(
                     f"server generated {gen:g} tokens in the window, clients received {client_comp_all} "
                     f"(+{diff:g} > tolerance {tol:g}): traffic from another client or unfinished requests"
@@ -337,7 +376,7 @@ def summarize(
         "keys": _keys(keys),
         "fingerprint": fingerprint,
         "corpus": {k: corpus.get(k) for k in ("name", "version", "digest")},
-        "validity": _validity(reasons, wall_ok=wall is not None and wall > 0),
+        "validity": _validity(reasons, wall_ok=wall is not None and wall > 0, notes=notes),
         "requests": {
             "attempted": attempted,
             "successful": len(ok),
@@ -370,7 +409,8 @@ def summarize(
 
 
 def failed_summary(keys: dict, corpus: dict, reason_code: str, detail: str, *, fingerprint: str | None = None) -> dict:
-    """Summary of a cell that could not be measured (``deployment_failed``, ``corpus_mismatch``)."""
+    """Summary of a cell that could not be measured (``deployment_failed``, ``corpus_mismatch``,
+    ``cell_error``: the measurement raised; the exception is the detail)."""
     empty = {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None}
     return {
         "schema": SCHEMA,

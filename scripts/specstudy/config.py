@@ -83,6 +83,44 @@ def prereg_path(cfg: dict) -> Path:
     return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
 
 
+def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>") -> None:
+    """Every declared hypothesis names a known test, has the roles that test needs, and its workload
+    roles name workloads of this study (an H2 naming 'chat' in a study of 'open_chat' is never testable)."""
+    from .stats import HYPOTHESIS_TESTS
+
+    workloads = list(workloads)
+    problems = []
+    seen = set()
+    for i, h in enumerate(prereg.get("hypotheses") or []):
+        where = f"field 'hypotheses[{i}]' ({h.get('id')})"
+        if h["id"] in seen:
+            problems.append(f"{where}: duplicate id {h['id']!r}; give every hypothesis its own id")
+        seen.add(h["id"])
+        test = HYPOTHESIS_TESTS.get(h["test"])
+        if test is None:
+            problems.append(f"{where}.test: {h['test']!r} is not a known test; use one of {sorted(HYPOTHESIS_TESTS)}")
+            continue
+        roles = h.get("roles") or {}
+        for role, kind in test["roles"].items():
+            if role not in roles:
+                problems.append(f"{where}.roles.{role}: required by test {h['test']!r} "
+                                f"({'a list of workloads' if kind == 'list' else 'a workload'} of {workloads})")
+                continue
+            names = roles[role] if isinstance(roles[role], list) else [roles[role]]
+            if (kind == "list") != isinstance(roles[role], list):
+                problems.append(f"{where}.roles.{role}: must be {'a list of workloads' if kind == 'list' else 'one workload name'}")
+            for name in names:
+                if name not in workloads:
+                    problems.append(f"{where}.roles.{role}: {name!r} is not a workload of this study; "
+                                    f"use one of {workloads} (corpora.workloads)")
+        extra = set(roles) - set(test["roles"])
+        if extra:
+            problems.append(f"{where}.roles: {sorted(extra)} not used by test {h['test']!r} "
+                            f"(its roles: {sorted(test['roles']) or 'none'})")
+    if problems:
+        raise ConfigError(f"{source}: invalid hypotheses:\n  - " + "\n  - ".join(problems))
+
+
 def load_prereg(cfg: dict) -> dict:
     path = prereg_path(cfg)
     data = _load_yaml(path)
@@ -90,6 +128,7 @@ def load_prereg(cfg: dict) -> dict:
         schemas.validate(data, "preregistration", str(path))
     except schemas.ValidationError as exc:
         raise ConfigError(str(exc)) from None
+    check_hypotheses(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
     from .decision import DecisionRuleError, check_prereg
 
     try:

@@ -427,7 +427,9 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
         rows.append(row)
     gates = [dict(atomic.read_json(p)) for p in gate_paths]
     ccfg = dict(cfg, recommendation=dict(cfg.get("recommendation") or {}, phase="confirm"))
-    rec = stats.recommend(stats.comparisons(rows, ccfg), gates, ccfg, prereg)
+    # An interim look: confirmation gates need the complete rounds, so the screening gates are named
+    # explicitly (the record says so); the final recommendation requires the confirmation gates.
+    rec = stats.recommend(stats.comparisons(rows, ccfg), gates, ccfg, prereg, gate_phase="screen")
     nxt = next_round(rec, round_n, rule)
     upcoming = [{"arm": d["arm"], "rep": d["rep"], "order": d["order"]} for d in plan["deployments"]
                 if d.get("kind") == "repeat" and d.get("round") == round_n + 1] if nxt["continue"] else []
@@ -444,6 +446,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
                         "enable": c["enable"], "blockers": c["blockers"]} for c in rec["candidates"]],
         "stability": rec["stability"],
         "rule": rule,
+        "gate_phase": rec["gate_phase"],
         "prereg_sha256": lock["sha256"],
         "inputs": [{"path": p, "sha256": sha256_file(p)} for p in [*summary_paths, *gate_paths, plan_path]],
     }

@@ -82,19 +82,77 @@ def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
     return pick("requests_by_concurrency", "requests"), pick("warmup_requests_by_concurrency", "warmup_requests")
 
 
-def _fingerprint(spec: dict, cell: dict, digest: str) -> str:
+# Settings that cannot change a measurement (where and how long to wait, how to reach the server).
+_OPERATIONAL_SERVER_KEYS = ("host", "port", "ready_timeout_s", "stop_grace_s", "idle_timeout_s", "api_key_env")
+_OPERATIONAL_CELL_KEYS = ("reuse_valid",)
+_HASH_LIMIT = 64 << 20  # files up to 64 MiB are hashed; larger ones (real weights) by name, size and mtime
+
+
+def model_identity(path: str | None) -> dict | None:
+    """What identifies a model directory's content: config.json's sha256 and every file's name, size
+    and (up to 64 MiB) sha256 — larger files by mtime. ``None`` when the path is not readable here."""
+    from .atomic import sha256_file
+
+    if not path:
+        return None
+    root = Path(path)
+    if not root.exists():
+        return {"path": str(path), "readable": False}
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    entries = []
+    for f in files:
+        st = f.stat()
+        entry = {"name": str(f.relative_to(root)) if f != root else f.name, "size": st.st_size}
+        if st.st_size <= _HASH_LIMIT:
+            entry["sha256"] = sha256_file(f)
+        else:
+            entry["mtime_ns"] = st.st_mtime_ns
+        entries.append(entry)
+    return {"path": str(path), "readable": True, "files": entries}
+
+
+def engine_identity(engine: dict) -> dict:
+    """The engine software a measurement ran on: the local interpreter's vLLM/torch versions, or the
+    container image (path, size, mtime). Collected once per deployment job."""
+    from . import deploy
+
+    if engine.get("backend", "local") == "container":
+        cont = engine.get("container") or {}
+        image = cont.get("image")
+        st = Path(image).stat() if image and Path(image).exists() else None
+        return {"backend": "container", "image": image, "image_size": st.st_size if st else None,
+                "image_mtime_ns": st.st_mtime_ns if st else None}
+    sw = deploy.server_software(engine.get("python"))
+    return {"backend": "local", **{k: sw.get(k) for k in ("python", "vllm", "vllm_distribution", "torch", "transformers")}}
+
+
+def fingerprint_context(spec: dict) -> dict:
+    """Everything of the deployment that can change a cell's measurement (computed once per job)."""
+    engine = spec["engine"]
+    server = {k: v for k, v in (engine.get("server") or {}).items() if k not in _OPERATIONAL_SERVER_KEYS}
+    arm = {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")}
+    ctx = {
+        "arm": arm,
+        "engine": {"backend": engine.get("backend", "local"), "python": engine.get("python"),
+                   "target": engine["target"], "server": server, "container": engine.get("container")},
+        "engine_software": engine_identity(engine),
+        "target_identity": model_identity(engine["target"].get("path")),
+        "cell_settings": {k: v for k, v in spec["cell_settings"].items() if k not in _OPERATIONAL_CELL_KEYS},
+    }
+    if arm.get("method") == "draft_model":  # the draft is loaded only by draft arms
+        ctx["engine"]["draft"] = engine.get("draft")
+        ctx["draft_identity"] = model_identity((engine.get("draft") or {}).get("path"))
+    return ctx
+
+
+def _fingerprint(spec: dict, cell: dict, digest: str, context: dict | None = None) -> str:
+    """The cell fingerprint: the deployment's context (arm, engine settings and software, model
+    identities, every client setting) plus the cell's workload, concurrency and corpus digest."""
     from .cell import cell_fingerprint
 
-    s = spec["cell_settings"]
-    target = spec["engine"]["target"]
-    n_requests, n_warmup = request_counts(s, int(cell["concurrency"]))
-    return cell_fingerprint({
-        "arm": {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")},
-        "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "corpus_digest": digest,
-        "requests": n_requests, "warmup_requests": n_warmup, "temperature": s.get("temperature", 0.0),
-        "seed": s.get("seed"), "model": target["path"], "max_model_len": target["max_model_len"],
-        "server_args": spec["engine"].get("server", {}).get("extra_args"),
-    })
+    context = context if context is not None else fingerprint_context(spec)
+    return cell_fingerprint(dict(context, workload=cell["workload"], concurrency=int(cell["concurrency"]),
+                                 corpus_digest=digest))
 
 
 def _cell_rel(cell: dict) -> str:
@@ -166,9 +224,18 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
 
     plan = atomic.read_json(plan_path) if plan_path else {}
     lock = atomic.read_json(lock_path) if lock_path else {}
+    if plan.get("selection"):  # a confirmation deployment: only the selection the plan was built from
+        from .select import SelectionError, verify_selection
+
+        try:
+            verify_selection(plan["selection"]["path"], plan_path)
+        except SelectionError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     planned_digests = {k: v.get("digest") for k, v in (plan.get("corpora") or {}).items()}
 
     # Cells: corpus check, fingerprint, reuse.
+    fp_context = fingerprint_context(spec)
     cells = []
     for c in spec["cells"]:
         entry = {"cell": c, "declared": out / _cell_rel(c) / "summary.json"}
@@ -178,7 +245,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
         if expected and expected != cj.get("digest"):
             entry["mismatch"] = (f"{c['corpus_dir']}: corpus digest {cj.get('digest')} differs from the plan's {expected} "
                                  f"({plan_path}); the corpus changed after planning — re-run the plan rule")
-        entry["fingerprint"] = _fingerprint(spec, c, cj.get("digest"))
+        entry["fingerprint"] = _fingerprint(spec, c, cj.get("digest"), fp_context)
         prev = _previous_valid(out, c, entry["fingerprint"]) if settings.get("reuse_valid", True) else None
         entry["reuse"] = prev
         cells.append(entry)

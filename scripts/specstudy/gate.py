@@ -505,14 +505,37 @@ def _expand(items, role: str) -> tuple[list[tuple[dict, str]], list[dict]]:
             if not caps:
                 raise GateInputError(f"{label}: field 'smoke.captures' is empty for an ok deployment; pass the "
                                      "capture files directly or re-run the deployment job")
+            rep = data.get("rep_label") or (f"rep{data['rep']}" if data.get("rep") is not None else None)
             for cp in caps:
                 cpath = _resolve_capture_path(str(cp), path if path else Path("."))
-                captures.append((load_capture(cpath), str(cpath)))
+                capture = load_capture(cpath)
+                if rep:
+                    _REP_LABELS[capture["deployment_id"]] = str(rep)
+                captures.append((capture, str(cpath)))
             continue
         raise GateInputError(f"{label}: neither a greedy capture (field 'schema' = {CAPTURE_SCHEMA!r}) nor a "
                              "deployment record (fields 'deployment_id', 'status'); pass smoke/capture-<i>.json or "
                              "deployment.json")
     return captures, failed
+
+
+# deployment_id -> rep label (rep<n>/drift<n>) of the deployment records expanded by _expand
+_REP_LABELS: dict[str, str] = {}
+
+
+def _treatment_pairs(base_primary: list, cand_primary: list) -> tuple[list[tuple], str]:
+    """Each candidate deployment against one baseline deployment: the baseline of the same repeat
+    (``by_rep``, from the deployment records), else the baselines in input order, cycled
+    (``by_position``). One pair per candidate deployment, never every baseline x every candidate: the
+    treatment's worst case is then over as many pairs as the control's (all baseline pairs) when
+    there are three repeats, and close to it otherwise (both sizes are recorded)."""
+    if not base_primary or not cand_primary:
+        return [], "none"
+    base_rep = {_REP_LABELS.get(b[0]["deployment_id"]): b for b in base_primary}
+    cand_reps = [_REP_LABELS.get(c[0]["deployment_id"]) for c in cand_primary]
+    if None not in base_rep and all(r is not None and r in base_rep for r in cand_reps):
+        return [(base_rep[r], c) for r, c in zip(cand_reps, cand_primary, strict=True)], "by_rep"
+    return [(base_primary[i % len(base_primary)], c) for i, c in enumerate(cand_primary)], "by_position"
 
 
 def _by_deployment(captures: list[tuple[dict, str]]) -> dict[str, list[tuple[dict, str]]]:
@@ -569,24 +592,32 @@ def judge(
     arm: str | None = None,
     phase: str | None = None,
     tokenizer=None,
+    control=None,
 ) -> dict:
     """Judge a speculative arm against the baseline, calibrated by a cross-deployment control.
 
     ``baseline`` / ``candidate``: captures (paths or dicts) or deployment.json records of the baseline
     and speculative deployments. ``control_a`` / ``control_b``: captures (or deployment.json) of two
-    independently launched deployments of one configuration. Each deployment contributes its first
-    capture (lowest capture_index) to cross-deployment pairs; further captures of a deployment form
-    within-deployment controls (recorded, not gated). Treatment = every baseline deployment x every
-    candidate deployment; it passes when its pooled worst case stays within the control's worst case
-    plus ``margins`` and every prompt succeeded in every baseline and candidate capture.
+    independently launched deployments of one configuration; ``control``: the deployments of one
+    configuration (all baseline repeats) whose every pair is a control pair. Each deployment
+    contributes its first capture (lowest capture_index) to cross-deployment pairs; further captures
+    of a deployment form within-deployment controls (recorded, not gated). Treatment = each candidate
+    deployment against the baseline deployment of the same repeat; it passes when its pooled worst
+    case stays within the control's worst case plus ``margins`` and every prompt succeeded in every
+    baseline and candidate capture. Both sizes (treatment pairs, control pairs) are recorded.
     Returns the gate record (schema ``gate``); verdicts are ``pass`` | ``fail`` | ``no_verdict``.
     """
     margins = validate_margins(margins if margins is not None else {}, "margins")
     tok, tok_name = _load_tokenizer(tokenizer)
+    _REP_LABELS.clear()
     base_caps, base_failed = _expand(baseline, "baseline")
     cand_caps, cand_failed = _expand(candidate, "candidate")
     ca_caps, ca_failed = _expand(control_a, "control-a")
     cb_caps, cb_failed = _expand(control_b, "control-b")
+    all_pairs_control = bool(control)
+    if all_pairs_control:  # every pair of distinct deployments among ``control``
+        cc_caps, cc_failed = _expand(control, "control")
+        ca_caps, cb_caps, ca_failed, cb_failed = cc_caps, cc_caps, cc_failed, []
     reasons: list[dict] = []
 
     def reason(code, detail):
@@ -617,13 +648,13 @@ def judge(
     # treatment pairs: primary capture of every baseline deployment x every candidate deployment
     base_primary = [lst[0] for lst in _by_deployment(base_caps).values()]
     cand_primary = [lst[0] for lst in _by_deployment(cand_caps).values()]
-    t_comps = [compare_captures(b, c, tokenizer=tok, a_path=bl, b_path=cl)
-               for b, bl in base_primary for c, cl in cand_primary]
+    t_pairs, pairing = _treatment_pairs(base_primary, cand_primary)
+    t_comps = [compare_captures(b, c, tokenizer=tok, a_path=bl, b_path=cl) for (b, bl), (c, cl) in t_pairs]
     all_ok = all(p["success"] for cap, _ in base_caps + cand_caps for p in cap["prompts"])
     treatment = None
     if t_comps:
         treatment = {"pairs": [_pair_summary(c) for c in t_comps], "worst_case": pooled_worst_case(t_comps),
-                     "all_prompts_succeeded": all_ok}
+                     "all_prompts_succeeded": all_ok, "n_pairs": len(t_comps), "pairing": pairing}
 
     # cross-deployment control
     control = None
@@ -641,16 +672,26 @@ def judge(
         a_primary = [lst[0] for lst in _by_deployment(ca_caps).values()]
         b_primary = [lst[0] for lst in _by_deployment(cb_caps).values()]
         arms = sorted({c["arm"] for c, _ in a_primary + b_primary})
-        c_comps = [compare_captures(x, y, tokenizer=tok, a_path=xl, b_path=yl)
-                   for x, xl in a_primary for y, yl in b_primary if x["deployment_id"] != y["deployment_id"]]
+        seen_pairs: set[frozenset] = set()
+        c_comps = []
+        for x, xl in a_primary:
+            for y, yl in b_primary:
+                key = frozenset((x["deployment_id"], y["deployment_id"]))
+                if x["deployment_id"] == y["deployment_id"] or key in seen_pairs:
+                    continue
+                seen_pairs.add(key)
+                c_comps.append(compare_captures(x, y, tokenizer=tok, a_path=xl, b_path=yl))
+        dep_ids = sorted({c["deployment_id"] for c, _ in a_primary + b_primary})
         control = {"kind": "cross_deployment", "arm": arms[0] if len(arms) == 1 else ",".join(arms),
-                   "deployment_ids": sorted({c["deployment_id"] for c, _ in a_primary + b_primary}),
-                   "captures": [lbl for _, lbl in a_primary + b_primary],
-                   "pairs": [_pair_summary(c) for c in c_comps], "worst_case": pooled_worst_case(c_comps)}
+                   "deployment_ids": dep_ids,
+                   "captures": list(dict.fromkeys(lbl for _, lbl in a_primary + b_primary)),
+                   "pairs": [_pair_summary(c) for c in c_comps], "worst_case": pooled_worst_case(c_comps),
+                   "n_pairs": len(c_comps), "n_deployments": len(dep_ids),
+                   "pairing": "all_pairs" if all_pairs_control else "a_by_b"}
         if not c_comps:
-            reason("control_not_cross_deployment", "control-a and control-b come from the same deployment "
-                   f"({', '.join(control['deployment_ids'])}); that is a within-deployment control and cannot "
-                   "calibrate a comparison between independently launched deployments")
+            reason("control_not_cross_deployment", "the control has a single deployment "
+                   f"({', '.join(control['deployment_ids'])}); comparing it with itself is a within-deployment "
+                   "control and cannot calibrate a comparison between independently launched deployments")
         if len(arms) > 1:
             reason("control_mixed_arms", f"control deployments belong to different arms ({', '.join(arms)}); a "
                    "control must be two deployments of one configuration")
@@ -774,8 +815,11 @@ def _cmd_compare(args) -> int:
 def _cmd_judge(args) -> int:
     try:
         margins = _parse_margins(args.margins)
+        if args.control and (args.control_a or args.control_b):
+            raise GateInputError("pass either --control (all pairs of its deployments) or --control-a/--control-b, "
+                                 "not both")
         rec = judge(args.baseline, args.candidate, args.control_a, args.control_b, margins, arm=args.arm,
-                    phase=args.phase, tokenizer=args.tokenizer)
+                    phase=args.phase, tokenizer=args.tokenizer, control=args.control)
     except (GateInputError, schemas.ValidationError) as exc:
         print(f"specstudy gate judge: {exc}", file=sys.stderr)
         return 2
@@ -817,6 +861,9 @@ def register(subparsers) -> None:
                    help="captures (or deployment.json) of the baseline deployments")
     j.add_argument("--candidate", nargs="+", required=True, metavar="FILE",
                    help="captures (or deployment.json) of the speculative arm's deployments")
+    j.add_argument("--control", nargs="*", default=[], metavar="FILE",
+                   help="captures (or deployment.json) of independently launched deployments of one configuration "
+                        "(all baseline repeats): every pair of them is a control pair")
     j.add_argument("--control-a", nargs="*", default=[], metavar="FILE",
                    help="captures (or deployment.json) of control deployment A")
     j.add_argument("--control-b", nargs="*", default=[], metavar="FILE",

@@ -218,7 +218,13 @@ def _cmd_plan(args) -> int:
     cfg = load_config(args.config)
     arms = None
     if args.selection:
-        sel = atomic.read_json(args.selection)
+        from .select import SelectionError, verify_selection
+
+        try:
+            sel = verify_selection(args.selection)
+        except SelectionError as exc:
+            print(f"error: {exc}")
+            return 2
         arms = sel["confirmation_arms"]
     plan = make_plan(cfg, args.phase, arms)
     plan["corpora"] = {}

@@ -325,7 +325,11 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
         missing.append("no gate verdicts (results/gates/)")
     rec = stats.recommend(comps, gates, config)
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
-    hyps = stats.hypotheses(comps, t["deployments"], config, model)
+    model["phase"] = s["analysis"]["hypothesis_phase"]
+    declared, hyp_source = _declared_hypotheses(config)
+    if declared is None:
+        missing.append("no pre-registration in the config (study.preregistration): hypotheses not evaluated")
+    hyps = stats.hypotheses(comps, t["deployments"], declared, model)
     dr = stats.drift(t["cells"], t["deployments"], comps, config)
     mem = stats.memory_costs(t["deployments"])
     sel_raw = _load(results / "selection" / "selection.json")
@@ -398,8 +402,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _drift_section(B, dr)
     _model_section(B, model)
     B.append(("h", 2, "Hypotheses"))
-    B.append(("table", ["id", "statement", "verdict", "evidence", "reason"],
-              [[h["id"], h["statement"], h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
+    if declared is None:
+        B.append(("p", "No pre-registration was given: no hypothesis is evaluated (hypotheses are declared in the "
+                       "pre-registration's `hypotheses:` list, with their phase, test and workload roles)."))
+    else:
+        B.append(("p", f"As declared in the pre-registration ({hyp_source}): each hypothesis is evaluated on its "
+                       "declared phase with its declared test and workload roles."))
+        B.append(("table", ["id", "statement", "phase", "test", "roles", "verdict", "evidence", "reason"],
+                  [[h["id"], h["statement"], h["phase_used"], h["test"],
+                    "; ".join(f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in h["roles"].items()) or "–",
+                    h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
     _method_section(B, s)
     _capacity_section(B, results, out)
 
@@ -411,6 +423,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
                "model": model, "comparisons": comps, "memory_costs": mem}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
+
+
+def _declared_hypotheses(config: dict) -> tuple[list[dict] | None, str | None]:
+    """The pre-registered hypotheses of the study config (None without a pre-registration)."""
+    from .config import load_prereg, prereg_path
+
+    if not (config.get("study") or {}).get("preregistration"):
+        return None, None
+    prereg = load_prereg(config)
+    return list(prereg.get("hypotheses") or []), str(prereg_path(config))
 
 
 def _capacity_section(B, results: Path, out: Path) -> None:
@@ -593,6 +615,8 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
                          f"{u['why']}; " + (f"≈ {u['extra_repeats']} more round(s)" if u.get("extra_repeats")
                                             else "not settled within 100 more rounds (effect at the margin)")
                          for u in rec["undecided"]]))
+    if rec.get("gate_rule"):
+        B.append(("p", f"Gate rule: {rec['gate_rule']}"))
     rows = []
     for c in rec["candidates"]:
         if rec["route_by_workload"]:
@@ -667,7 +691,34 @@ def _stab_short(stab) -> str:
     return decision.format_outcomes(stab) if isinstance(stab, dict) else "–"
 
 
+def _count(v) -> str:
+    return "?" if v is None or v != v else str(int(v))
+
+
+def _gate_sizes(g: dict) -> str:
+    """The sizes a gate verdict rests on: treatment pairs vs control pairs (of how many deployments)."""
+    n = _count
+    return (f"treatment worst case over {n(g.get('treatment_pairs'))} pair(s); control worst case over "
+            f"{n(g.get('control_pairs'))} pair(s) of {n(g.get('control_deployments'))} baseline deployment(s)")
+
+
+def _gates_table(B, gates):
+    B.append(("h", 2, "Correctness gates"))
+    if not gates:
+        B.append(("p", "No gate verdicts."))
+        return
+    B.append(("p", "Each candidate repeat is compared with the baseline of the same repeat (treatment); the control "
+                   "is every pair of baseline repeats. A worst case over more pairs is larger by chance alone, so "
+                   "both sizes stand beside each verdict."))
+    B.append(("table", ["phase", "arm", "verdict", "treatment pairs", "control pairs", "control deployments",
+                        "reasons"],
+              [[g["phase"], g["arm"], g["verdict"], _count(g.get("treatment_pairs")), _count(g.get("control_pairs")),
+                _count(g.get("control_deployments")), g.get("reason_codes") or "–"]
+               for g in sorted(gates, key=lambda g: (g["phase"], g["arm"]))]))
+
+
 def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
+    _gates_table(B, gates)
     B.append(("h", 2, "Candidates: where each wins or loses, cost, gate, confounds"))
     gate_by = {(g["phase"], g["arm"]): g for g in gates}
     conf = _confounds_by_arm(deps)
@@ -687,8 +738,8 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
                          f"median init time {_f((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
         g = gate_by.get((rec["phase"], arm)) or next((gg for (p, a), gg in gate_by.items() if a == arm), None)
         if g:
-            B.append(("p", f"Gate ({g['phase']}): {g['verdict']}; reasons: {g.get('reason_codes') or 'none'}; "
-                           f"blocks recommendation: {g.get('blocks_recommendation')}."))
+            B.append(("p", f"Gate ({g['phase']}): {g['verdict']} ({_gate_sizes(g)}); reasons: "
+                           f"{g.get('reason_codes') or 'none'}; blocks recommendation: {g.get('blocks_recommendation')}."))
             B.append(("p", f"Control's worst case: {g.get('control_worst') or 'unknown'}"))
             B.append(("p", f"Treatment's worst case: {g.get('treatment_worst') or 'unknown'}"))
         else:
@@ -756,6 +807,14 @@ def _validity_section(B, cells, deps, comps):
     B.append(("table", ["phase", "arm", "rep", "workload", "c", "deployment", "reasons"],
               [[e["phase"], e["arm"], e["rep"], e["workload"], e["concurrency"], e["deployment_id"],
                 e["invalid_reasons"]] for e in ex]))
+    noted = [c for c in cells if c.get("validity_notes")]
+    if noted:
+        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part (the cell's "
+                       "validity is unchanged; the note says what was not checked)."))
+        B.append(("table", ["phase", "arm", "rep", "workload", "c", "note", "detail"],
+                  [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c["validity_notes"],
+                    "; ".join(n.get("detail", "") for n in json.loads(c.get("validity_note_details") or "[]"))[:300]]
+                   for c in noted]))
     B.append(("h", 2, "Unservable configurations (deployment failures)"))
     fails = [d for d in deps if d.get("status") == "failed"]
     B.append(("table", ["phase", "arm", "rep", "deployment", "stage", "reason", "error excerpt"],
@@ -776,6 +835,16 @@ def _network_section(B, cells, dr):
 
 def _drift_section(B, dr):
     B.append(("h", 2, "Drift"))
+    by_kind = dr.get("n_by_kind") or {}
+    if by_kind.get("drift"):
+        used = sum(1 for p in dr.get("points") or [] if p.get("kind") == "drift")
+        B.append(("p", f"Interleaved drift baseline deployments ({', '.join(dr.get('drift_deployments') or [])}): "
+                       f"{by_kind['drift']} valid cell(s), {used} in the trend below, beside "
+                       f"{by_kind.get('repeat', 0)} valid baseline repeat cell(s)."))
+    else:
+        B.append(("p", "No interleaved drift baseline deployment (drift<n>) has a valid cell: the trend uses the "
+                       f"baseline repeats only ({by_kind.get('repeat', dr.get('n', 0))} valid cell(s)); "
+                       "plan.drift_baselines_per_block adds them."))
     if dr.get("detected") is None:
         B.append(("p", f"Not estimable: {dr.get('note')}"))
         return

@@ -10,7 +10,14 @@ Rule (from the pre-registration file, locked before screening):
   is also kept if it has a lower memory cost (larger KV-cache pool) or better worst-workload
   behaviour (a lower maximum score over workloads) than the best.
 - With ``best_ngram``, the n-gram setting with the lowest mean score over workloads is also kept.
+- Arms whose screening correctness gate failed (verdict ``fail``) are never candidates: they are
+  listed under ``gate_excluded`` and left out of the ranking.
 - Confirmation arms = baseline + the candidates.
+
+The written selection carries ``digest``: the sha256 of its own canonical JSON without that field;
+:func:`verify_selection` (the confirmation plan, every confirmation deployment and the final
+candidate call it) refuses a selection whose content no longer matches it, or whose file hash
+differs from the one the confirmation plan recorded.
 
 The selection reads only the files it is given, and refuses any that is not a screening output;
 it refuses to run when the pre-registration changed since screening locked it.
@@ -48,8 +55,53 @@ def _kv_tokens(record: dict) -> float | None:
     return None
 
 
-def select(summaries: list[dict], deployments: list[dict], prereg: dict) -> dict:
+def selection_digest(selection: dict) -> str:
+    """sha256 of the selection's canonical JSON (sorted keys, no whitespace), the ``digest`` field left out."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in selection.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def verify_selection(path: str | Path, plan: dict | str | Path | None = None) -> dict:
+    """The selection at ``path`` after checking it was not edited by hand: its ``digest`` must match its
+    content and, given the confirmation plan (dict or path), its file sha256 must equal the plan's record."""
+    path = Path(path)
+    try:
+        sel = atomic.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise SelectionError(f"{path}: cannot read the selection ({exc}); re-run the select rule") from exc
+    digest = sel.get("digest")
+    if not digest:
+        raise SelectionError(f"{path}: field 'digest' missing; a selection written by `specstudy select` carries "
+                             "it. Re-create the selection from the screening outputs (snakemake --forcerun select "
+                             "after removing the protected file)")
+    actual = selection_digest(sel)
+    if actual != digest:
+        raise SelectionError(f"{path}: content does not match its field 'digest' ({digest} recorded, {actual} "
+                             "computed): the selection was edited after `specstudy select` wrote it. Restore it "
+                             "or re-create it from the screening outputs; a hand-edited selection is never consumed")
+    if plan is not None:
+        plan_path = str(plan) if not isinstance(plan, dict) else "<confirmation plan>"
+        plan = plan if isinstance(plan, dict) else atomic.read_json(plan)
+        recorded = (plan.get("selection") or {}).get("sha256")
+        if not recorded:
+            raise SelectionError(f"{plan_path}: field 'selection.sha256' missing; a confirmation plan records the "
+                                 "selection it was built from. Re-run the plan_confirm rule")
+        now = sha256_file(path)
+        if now != recorded:
+            raise SelectionError(f"{path}: sha256 {now} differs from the one recorded in {plan_path} "
+                                 f"(selection.sha256 = {recorded}): the selection changed after the confirmation "
+                                 "plan was made. Restore the selection the plan was built from, or re-plan")
+    return sel
+
+
+def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: list[dict] | None = None) -> dict:
     rule = prereg["selection"]
+    gate_verdicts = {g.get("arm"): g.get("verdict") for g in gates or [] if g.get("phase") in ("screen", None)}
+    gate_excluded = {a: f"screening correctness gate verdict {v}" for a, v in gate_verdicts.items() if v == "fail"}
     metric = rule["metric"]
     within = float(rule["retain_within"])
     retain_if = set(rule.get("retain_if") or ["lower_memory", "better_worst_workload"])
@@ -59,6 +111,8 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict) -> dict
     for s in summaries:
         k = s["keys"]
         methods[k["arm"]] = k.get("method")
+        if k["arm"] in gate_excluded:
+            continue
         v = _metric(s, metric) if (s.get("validity") or {}).get("valid") else None
         if v is None:
             excluded.append({"arm": k["arm"], "rep": k["rep"], "workload": k["workload"], "concurrency": k["concurrency"],
@@ -133,11 +187,13 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict) -> dict
         "candidates": [{"arm": a, "why": candidates[a]} for a in order],
         "confirmation_arms": ["baseline"] + order,
         "excluded_cells": excluded,
+        "screening_gates": {a: v for a, v in sorted(gate_verdicts.items())},
+        "gate_excluded": [{"arm": a, "why": why} for a, why in sorted(gate_excluded.items())],
     }
 
 
 def run_selection(config_path: str, lock_path: str, summary_paths: list[str], deployment_paths: list[str],
-                  out: str, screen_root: str = "results/screen") -> dict:
+                  out: str, screen_root: str = "results/screen", gate_paths: list[str] | None = None) -> dict:
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)
     lock = atomic.read_json(lock_path)
@@ -153,6 +209,11 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
     for p in paths:
         if root not in Path(p).resolve().parents:
             raise SelectionError(f"selection may read screening outputs only; refusing {p} (not under {screen_root})")
+    gates = [atomic.read_json(p) for p in gate_paths or []]
+    for p, g in zip(gate_paths or [], gates, strict=True):
+        if g.get("phase") != "screen":
+            raise SelectionError(f"{p}: field 'phase' is {g.get('phase')!r}; the selection reads screening gates only "
+                                 "(results/gates/screen/<arm>.json)")
     summaries = [atomic.read_json(p) for p in summary_paths]
     deployments = [atomic.read_json(p) for p in deployment_paths]
     for p, d in zip(deployment_paths, deployments, strict=True):
@@ -162,10 +223,11 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
     for p, s in zip(summary_paths, summaries, strict=True):
         if (s.get("keys") or {}).get("phase") != "screen":
             raise SelectionError(f"{p}: not a screening cell (phase {(s.get('keys') or {}).get('phase')!r})")
-    result = select(summaries, deployments, prereg)
+    result = select(summaries, deployments, prereg, gates)
     result["prereg_sha256"] = lock["sha256"]
-    result["inputs"] = [{"path": p, "sha256": sha256_file(p)} for p in paths]
+    result["inputs"] = [{"path": p, "sha256": sha256_file(p)} for p in paths + list(gate_paths or [])]
     result["phase_of_inputs"] = "screen"
+    result["digest"] = selection_digest(result)
     from . import schemas
 
     schemas.validate(result, "selection", out)
@@ -175,7 +237,8 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
 
 def _cmd_select(args) -> int:
     try:
-        res = run_selection(args.config, args.lock, args.summaries, args.deployments, args.out, args.screen_root)
+        res = run_selection(args.config, args.lock, args.summaries, args.deployments, args.out, args.screen_root,
+                            args.gates)
     except SelectionError as exc:
         print(f"error: {exc}")
         return 2
@@ -189,6 +252,8 @@ def register(sub) -> None:
     p.add_argument("--lock", required=True, help="results/screen/prereg-lock.json")
     p.add_argument("--summaries", nargs="+", required=True)
     p.add_argument("--deployments", nargs="*", default=[])
+    p.add_argument("--gates", nargs="*", default=[], help="screening gates (results/gates/screen/<arm>.json): "
+                   "an arm whose gate failed is never a candidate")
     p.add_argument("--screen-root", default="results/screen")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_select)
@@ -212,7 +277,8 @@ def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, t
         if (s.get("validity") or {}).get("valid") and v:
             tput[(k["arm"], k["workload"], int(k["concurrency"]))].append(float(v))
     med = {key: statistics.median(v) for key, v in tput.items()}
-    verdicts = {g.get("arm"): g.get("verdict") for g in gates}
+    # The recommendation's rule (stats.GATE_RULE): only confirmation gates count; no other phase stands in.
+    verdicts = {g.get("arm"): g.get("verdict") for g in gates if g.get("phase") == "confirm"}
     scores = {}
     for arm in selection.get("confirmation_arms", []):
         if arm == "baseline":
@@ -244,7 +310,11 @@ def _cmd_final(args) -> int:
     cfg = load_config(args.config)
     summaries = [atomic.read_json(p) for p in args.summaries]
     gates = [atomic.read_json(p) for p in args.gates]
-    selection = atomic.read_json(args.selection)
+    try:
+        selection = verify_selection(args.selection, args.plan)
+    except SelectionError as exc:
+        print(f"error: {exc}")
+        return 2
     for p, s in zip(args.summaries, summaries, strict=True):
         if (s.get("keys") or {}).get("phase") != "confirm":
             print(f"error: {p} is not a confirmation cell")
@@ -264,5 +334,6 @@ def register_final(sub) -> None:
     p.add_argument("--summaries", nargs="+", required=True)
     p.add_argument("--gates", nargs="*", default=[])
     p.add_argument("--selection", required=True)
+    p.add_argument("--plan", help="results/plan/confirm.json: the selection's sha256 must match its record")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_final)

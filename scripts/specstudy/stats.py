@@ -50,29 +50,32 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
-DEFAULT_HYPOTHESES = [
-    {"id": "H1", "statement": "Speedup rises with acceptance rate, but acceptance alone does not predict it.",
-     "params": {"r2_alone_max": 0.8}},
-    {"id": "H2", "statement": "Code and summarization accept more and gain more than open chat.",
-     "params": {"high": ["code", "summarization"], "low": "chat", "min_share": 0.75}},
-    {"id": "H3", "statement": "The best speculation depth falls as concurrency rises.", "params": {}},
-    {"id": "H4", "statement": "Draft TP 1 beats draft TP 4 at the same depth.", "params": {}},
-    {"id": "H5", "statement": "N-gram is competitive on summarization at much lower memory.",
-     "params": {"workload": "summarization", "competitive_fraction": 0.9, "memory_factor": 0.5}},
-]
+# The hypothesis tests the pre-registration can name (``hypotheses[].test``), with the roles each needs.
+# Hypotheses are declared in the pre-registration (id, statement, phase, test, roles, params) and
+# evaluated from it; nothing here names a workload.
+HYPOTHESIS_TESTS: dict[str, dict[str, Any]] = {
+    "acceptance_not_sufficient": {"roles": {}, "doc": "speedup rises with acceptance, but acceptance alone does "
+                                  "not predict it (params.r2_alone_max)"},
+    "workload_contrast": {"roles": {"high": "list", "low": "workload"},
+                          "doc": "the 'high' workloads accept more AND gain more than the 'low' workload in at least "
+                                 "params.min_share of matched (arm, concurrency) pairs"},
+    "depth_falls_with_concurrency": {"roles": {}, "doc": "the best speculation depth falls as concurrency rises"},
+    "draft_tp_contrast": {"roles": {}, "doc": "draft TP params.better beats draft TP params.worse at the same depth"},
+    "ngram_competitive": {"roles": {"workload": "workload"},
+                          "doc": "n-gram reaches params.competitive_fraction of the best draft speedup on the role "
+                                 "workload at no more than params.memory_factor of its KV-capacity cost"},
+}
 
 METRICS = ("speedup", "tpot_ratio", "ttft_ratio")
 
 
 def settings(config: dict | None) -> dict:
-    """The analysis/recommendation settings: config values over :data:`DEFAULTS`; hypotheses list."""
+    """The analysis/recommendation settings: config values over :data:`DEFAULTS`."""
     config = config or {}
     out = {}
     for section, defaults in DEFAULTS.items():
         given = config.get(section) or {}
         out[section] = {k: given.get(k, v) for k, v in defaults.items()}
-    hyps = config.get("hypotheses")
-    out["hypotheses"] = hyps if isinstance(hyps, list) and hyps else DEFAULT_HYPOTHESES
     return out
 
 
@@ -322,6 +325,11 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
         if d.get("deployment_id"):
             host[d["deployment_id"]] = d.get("hostname")
     out: dict[str, Any] = {"n": len(recs), "detected": None, "points": [], "nodes": [], "note": ""}
+    # Interleaved drift baselines (kind "drift", paths drift<n>) exist for this analysis: say what they add.
+    drift_recs = [r for r in recs if (r.get("kind") or "repeat") == "drift"]
+    out["n_by_kind"] = {"repeat": len(recs) - len(drift_recs), "drift": len(drift_recs)}
+    out["drift_deployments"] = sorted({f"{r['phase']}/{r.get('rep_label') or 'drift' + str(r['rep'])}"
+                                       for r in drift_recs})
     if len(recs) < 3:
         out["note"] = "fewer than 3 valid baseline cells: drift not estimable"
         return out
@@ -337,7 +345,8 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
         for r, lv in zip(rows, logs, strict=True):
             x = (r["started_unix"] - t0) / 3600 if use_time else (0 if r["phase"] == "screen" else 1000) + r["rep"]
             pts.append({"x": float(x), "resid": float(lv - logs.mean()), "workload": w, "concurrency": c,
-                        "phase": r["phase"], "rep": r["rep"], "node": host.get(r.get("deployment_id")),
+                        "phase": r["phase"], "rep": r["rep"], "kind": r.get("kind") or "repeat",
+                        "node": host.get(r.get("deployment_id")),
                         "otps": r["output_tokens_per_second"], "n_series": len(rows)})
     pts = [p for p in pts if p["n_series"] > 1]
     out["points"] = pts
@@ -456,7 +465,7 @@ def _h1(comps, deployments, params, model):
 
 
 def _h2(comps, deployments, params, model):
-    high, low = params.get("high", ["code", "summarization"]), params.get("low", "chat")
+    high, low = params["high"], params["low"]
     idx = {(c["arm"], c["workload"], c["concurrency"]): c for c in comps}
     checks = []
     for (arm, w, conc), c in idx.items():
@@ -499,18 +508,20 @@ def _h3(comps, deployments, params, model):
 
 
 def _h4(comps, deployments, params, model):
+    good, bad = int(params.get("better", 1)), int(params.get("worse", 4))
     tps = {c["draft_tensor_parallel_size"] for c in comps if c["method"] == "draft_model" and c["speedup"]["median"]}
     fails = [d for d in _records(deployments) if d.get("method") == "draft_model" and d.get("status") == "failed"]
-    if {1, 4} <= tps:
+    if {good, bad} <= tps:
         idx = {(c["num_speculative_tokens"], c["draft_tensor_parallel_size"], c["workload"], c["concurrency"]):
                c["speedup"]["median"] for c in comps if c["method"] == "draft_model" and c["speedup"]["median"]}
-        wins = [idx[(k, 1, w, cc)] > idx[(k, 4, w, cc)] for (k, tp, w, cc) in idx if tp == 1 and (k, 4, w, cc) in idx]
+        wins = [idx[(k, good, w, cc)] > idx[(k, bad, w, cc)] for (k, tp, w, cc) in idx
+                if tp == good and (k, bad, w, cc) in idx]
         if not wins:
-            return _verdict("untestable", "", "no depth measured with both draft TP 1 and 4")
-        ev = f"TP1 faster than TP4 in {sum(wins)}/{len(wins)} matched cells"
+            return _verdict("untestable", "", f"no depth measured with both draft TP {good} and {bad}")
+        ev = f"TP{good} faster than TP{bad} in {sum(wins)}/{len(wins)} matched cells"
         return _verdict("supported" if sum(wins) / len(wins) >= 0.75 else "not supported", ev)
-    tp_fail = [d for d in fails if (d.get("draft_tensor_parallel_size") or 0) != 4]
-    reason = "draft TP 1 and 4 not both measured"
+    tp_fail = [d for d in fails if (d.get("draft_tensor_parallel_size") or 0) != bad]
+    reason = f"draft TP {good} and {bad} not both measured"
     if tp_fail:
         d = tp_fail[0]
         reason = (f"the engine refused draft TP != target TP (deployment {d.get('deployment_id')}: "
@@ -519,7 +530,7 @@ def _h4(comps, deployments, params, model):
 
 
 def _h5(comps, deployments, params, model):
-    w = params.get("workload", "summarization")
+    w = params["workload"]
     by_c: dict[int, dict[str, float]] = {}
     for c in comps:
         if c["workload"] == w and c["speedup"]["median"]:
@@ -545,7 +556,8 @@ def _h5(comps, deployments, params, model):
     return _verdict("supported" if competitive and lower else "not supported", ev)
 
 
-HYPOTHESIS_EVALUATORS = {"H1": _h1, "H2": _h2, "H3": _h3, "H4": _h4, "H5": _h5}
+HYPOTHESIS_EVALUATORS = {"acceptance_not_sufficient": _h1, "workload_contrast": _h2,
+                         "depth_falls_with_concurrency": _h3, "draft_tp_contrast": _h4, "ngram_competitive": _h5}
 
 
 def memory_costs(deployments) -> dict[str, float]:
@@ -562,18 +574,29 @@ def memory_costs(deployments) -> dict[str, float]:
     return {a: 1 - float(np.median(v)) / b for a, v in kv.items() if a != "baseline"}
 
 
-def hypotheses(comps: list[dict], deployments, config: dict | None = None, model: dict | None = None) -> list[dict]:
-    s = settings(config)
-    phase = s["analysis"]["hypothesis_phase"]
-    use = [c for c in comps if c["phase"] == phase] or comps
+def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, model: dict | None = None) -> list[dict]:
+    """Evaluate the hypotheses declared in the pre-registration (``hypotheses:``), each on its own phase
+    with its declared test, roles and params. ``model``: the explanatory model of the comparisons of
+    the hypotheses' phase (H1-type tests); fitted here per phase when not given."""
     out = []
-    for h in s["hypotheses"]:
-        fn = HYPOTHESIS_EVALUATORS.get(h.get("id"))
-        base = {"id": h.get("id"), "statement": h.get("statement", ""), "phase_used": phase if use else None}
+    models: dict[str, dict] = {}
+    for h in declared or []:
+        phase = h.get("phase")
+        use = [c for c in comps if c["phase"] == phase]
+        base = {"id": h.get("id"), "statement": h.get("statement", ""), "phase_used": phase, "test": h.get("test"),
+                "roles": h.get("roles") or {}, "n_comparisons": len(use)}
+        fn = HYPOTHESIS_EVALUATORS.get(h.get("test"))
         if fn is None:
-            out.append(dict(base, **_verdict("untestable", "", "no evaluator for this hypothesis id")))
+            out.append(dict(base, **_verdict("untestable", "", f"unknown test {h.get('test')!r}; known: "
+                                                                f"{sorted(HYPOTHESIS_EVALUATORS)}")))
             continue
-        out.append(dict(base, **fn(use, deployments, h.get("params") or {}, model)))
+        if not use:
+            out.append(dict(base, **_verdict("untestable", "", f"no {phase} comparisons (has the {phase} phase run?)")))
+            continue
+        if fn is _h1 and phase not in models:  # only the acceptance test reads the explanatory model
+            models[phase] = model if (model is not None and model.get("phase") == phase) else explanatory_model(use)
+        params = {**(h.get("params") or {}), **(h.get("roles") or {})}
+        out.append(dict(base, **fn(use, deployments, params, models.get(phase))))
     return out
 
 
@@ -607,7 +630,13 @@ def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[flo
     return out
 
 
-def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None) -> dict:
+GATE_RULE = ("A candidate is eligible only with a correctness-gate verdict 'pass' from the {phase} phase, the phase "
+             "the decision is made on; a gate of another phase never stands in for a missing one. The final "
+             "candidate for the capacity search follows the same rule (confirmation gates).")
+
+
+def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None,
+              gate_phase: str | None = None) -> dict:
     """Decide which speculative setting (if any) to enable; a pure function of its inputs.
 
     The rule (:mod:`specstudy.decision`, declared in the pre-registration): three-way cell verdicts from
@@ -632,10 +661,15 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     use = [c for c in comps if c["phase"] == phase]
     workloads = r["workloads"] or sorted({c["workload"] for c in use})
     concs = r["concurrencies"] or sorted({c["concurrency"] for c in use})
-    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") in (phase, None)}
-    for g in gates:  # a gate of another phase is the fall-back
-        gate_by_arm.setdefault(g["arm"], g)
-    out: dict[str, Any] = {"phase": phase, "workloads": workloads, "concurrencies": concs,
+    # One rule for the recommendation and the final candidate: the gate of the decision's phase is
+    # required; a gate of another phase never stands in for it (GATE_RULE, stated in the report). Only an
+    # interim look of adaptive confirmation (decision.checkpoint) names gate_phase='screen' explicitly,
+    # because confirmation gates exist only once the rounds are complete; its record says so.
+    gate_phase = gate_phase or phase
+    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") == gate_phase}
+    other = {g["arm"]: g.get("phase") for g in gates if g.get("phase") != gate_phase}
+    out: dict[str, Any] = {"phase": phase, "gate_phase": gate_phase, "gate_rule": GATE_RULE.format(phase=gate_phase),
+                           "workloads": workloads, "concurrencies": concs,
                            "route_by_workload": bool(r["route_by_workload"]), "min_gain": rule["min_gain"],
                            "max_regression": rule["max_regression"], "rule": rule, "candidates": [],
                            "decision": "do_not_enable", "enable": None, "per_workload": {}, "missing": [],
@@ -649,6 +683,11 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     weights = {w: v / total for w, v in weights.items() if v}
     res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]))
     out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
+    for cand in out["candidates"]:
+        if cand["arm"] not in gate_by_arm:
+            note = f"no {gate_phase} gate verdict" + (f" (the {other[cand['arm']]} gate does not stand in for it)"
+                                                     if cand["arm"] in other else "")
+            cand.setdefault("blockers", []).append(note)
     out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
                                           bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out

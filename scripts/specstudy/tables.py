@@ -25,7 +25,7 @@ from typing import Any
 
 PHASES = ("screen", "confirm")
 ARM_RE = re.compile(r"^(baseline|draft-k\d+-tp\d+|ngram-k\d+)$")
-REP_RE = re.compile(r"^rep(\d+)$")
+REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
 CONC_RE = re.compile(r"^c(\d+)$")
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -85,6 +85,7 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("concurrency", "int64"),
         ("deployment_id", "string"),
         ("kind", "string"),
+        ("rep_label", "string"),
         ("fingerprint", "string"),
         ("corpus_name", "string"),
         ("corpus_version", "string"),
@@ -94,6 +95,8 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("latency_valid", "bool"),
         ("invalid_reasons", "string"),
         ("invalid_details", "string"),
+        ("validity_notes", "string"),
+        ("validity_note_details", "string"),
         ("requests_attempted", "int64"),
         ("requests_successful", "int64"),
         ("requests_failed", "int64"),
@@ -127,6 +130,8 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "deployments": KEY_COLUMNS
     + [
         ("deployment_id", "string"),
+        ("kind", "string"),
+        ("rep_label", "string"),
         ("source", "string"),
         ("status", "string"),
         ("failure_stage", "string"),
@@ -176,14 +181,17 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("control_arm", "string"),
         ("control_worst", "string"),
         ("treatment_worst", "string"),
+        ("control_pairs", "int64"),
+        ("control_deployments", "int64"),
+        ("treatment_pairs", "int64"),
         ("detail", "string"),
     ],
 }
 
 SORT_KEYS = {
     "requests": ["phase", "arm", "rep", "workload", "concurrency", "deployment_id", "request_index"],
-    "cells": ["phase", "arm", "rep", "workload", "concurrency", "deployment_id"],
-    "deployments": ["phase", "arm", "rep", "deployment_id", "source"],
+    "cells": ["phase", "arm", "kind", "rep", "workload", "concurrency", "deployment_id"],
+    "deployments": ["phase", "arm", "kind", "rep", "deployment_id", "source"],
     "gates": ["phase", "arm"],
 }
 
@@ -395,6 +403,7 @@ def cell_row(summary: dict, source: str = "<summary>") -> dict:
         "concurrency": _int(keys.get("concurrency")),
         "deployment_id": _str(keys.get("deployment_id")),
         "kind": _str(keys.get("kind")) or "repeat",
+        "rep_label": _str(keys.get("rep_label")),
         "fingerprint": _str(summary.get("fingerprint")),
         "corpus_name": _str(dig(summary, "corpus", "name")),
         "corpus_version": _str(dig(summary, "corpus", "version")),
@@ -404,6 +413,9 @@ def cell_row(summary: dict, source: str = "<summary>") -> dict:
         "latency_valid": first(_bool(validity.get("latency_valid")), valid, False),
         "invalid_reasons": ",".join(codes),
         "invalid_details": json.dumps(reasons, sort_keys=True, default=str) if reasons else "",
+        "validity_notes": ",".join(sorted({str(n.get("code")) for n in validity.get("notes") or []
+                                           if isinstance(n, dict)})),
+        "validity_note_details": json.dumps(validity.get("notes"), sort_keys=True) if validity.get("notes") else "",
         "requests_attempted": _int(dig(summary, "requests", "attempted")),
         "requests_successful": _int(dig(summary, "requests", "successful")),
         "requests_failed": _int(dig(summary, "requests", "failed")),
@@ -479,6 +491,8 @@ def deployment_row(dep: dict, source: str = "deployment.json", where: dict | Non
     row = arm_keys(phase, arm_name, rep, spec)
     row.update({
         "deployment_id": _str(first(dep.get("deployment_id"), where.get("deployment_id"))),
+        "kind": _str(first(where.get("kind"), dep.get("kind"))) or "repeat",
+        "rep_label": _str(first(where.get("rep_label"), dep.get("rep_label"))),
         "source": source,
         "status": _str(first(dep.get("status"), "failed" if source == "failure_record" else None)),
         "failure_stage": _str(failure.get("stage")),
@@ -539,6 +553,12 @@ def gate_row(gate: dict, phase: str, arm: str) -> dict:
         "control_arm": _str(control.get("arm")),
         "control_worst": _str(control_worst),
         "treatment_worst": _str(treatment_worst),
+        # the sizes each verdict rests on: a worst case over more pairs is larger by chance alone
+        "control_pairs": _int(first(control.get("n_pairs"), len(control.get("pairs") or []) if control else None)),
+        "control_deployments": _int(first(control.get("n_deployments"),
+                                          len(control.get("deployment_ids") or []) if control else None)),
+        "treatment_pairs": _int(first(dig(gate, "treatment", "n_pairs"),
+                                      len(dig(gate, "treatment", "pairs", default=[])) if gate.get("treatment") else None)),
         "detail": "",
     }
     for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst),
@@ -585,7 +605,12 @@ def _arm_dirs(results: Path):
             for rdir in sorted(adir.iterdir()):
                 m = REP_RE.match(rdir.name)
                 if rdir.is_dir() and m:
-                    yield phase, adir.name, int(m[1]), rdir
+                    yield phase, adir.name, int(m[2]), rdir
+
+
+def _kind_of(label: str) -> str:
+    """``drift`` for an interleaved drift baseline (drift<n>), ``repeat`` for rep<n>: the path decides."""
+    return "drift" if label.startswith("drift") else "repeat"
 
 
 def failure_record(ddir: Path) -> dict:
@@ -614,7 +639,8 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
         spec = None
         if dep_path.exists():
             dep = _read_json(dep_path)
-            row = deployment_row(dep, "deployment.json", {"phase": phase, "arm": arm, "rep": rep})
+            row = deployment_row(dep, "deployment.json", {"phase": phase, "arm": arm, "rep": rep,
+                                                          "kind": _kind_of(rdir.name), "rep_label": rdir.name})
             out["deployments"].append(row)
             known_deployments.add(row["deployment_id"])
             spec = dep.get("arm") if isinstance(dep.get("arm"), dict) else None
@@ -629,6 +655,7 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
                     summary = _read_json(spath)
                     row = cell_row(summary, str(spath))
                     row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
+                    row["kind"], row["rep_label"] = _kind_of(rdir.name), rdir.name
                     row["workload"], row["concurrency"] = wdir.name, int(m[1])
                     out["cells"].append(row)
                     chosen[(wdir.name, int(m[1]))] = row["deployment_id"]
@@ -646,14 +673,15 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
                                                         chosen.get((workload, conc)) == att.name))
     fdir = results / "deployment-failures"
     if fdir.is_dir():
-        for ddir in sorted(p for p in fdir.glob("*/*/rep*/*") if p.is_dir()):
+        for ddir in sorted(p for p in fdir.glob("*/*/*/*") if p.is_dir()):
             phase, arm, repdir, dep_id = ddir.parts[-4:]
             m = REP_RE.match(repdir)
             if not m or phase not in PHASES or dep_id in known_deployments:
                 continue
             data = failure_record(ddir)
             out["deployments"].append(deployment_row(
-                data, "failure_record", {"phase": phase, "arm": arm, "rep": int(m[1]), "deployment_id": dep_id}))
+                data, "failure_record", {"phase": phase, "arm": arm, "rep": int(m[2]), "deployment_id": dep_id,
+                                         "kind": _kind_of(repdir), "rep_label": repdir}))
     _measuring_time(out)
     gdir = results / "gates"
     if gdir.is_dir():

@@ -31,8 +31,24 @@ DEFINITION_NOTES = {
 }
 
 
+WALL_FROM_ROWS = (
+    "sum over all rows of upstream e2e_ms (start -> end of stream) / concurrency: the busy time of the "
+    "closed loop's workers; equal to the wall for concurrency 1 up to the gaps between requests, a lower "
+    "bound otherwise (the rows carry no start/end times)"
+)
+
+
 class UpstreamError(ValueError):
     """An upstream cell directory is incomplete or malformed; the message names file and field."""
+
+
+class IncompleteCell(UpstreamError):
+    """An upstream cell directory lacks some of :data:`REQUIRED_FILES` (``missing`` lists them)."""
+
+    def __init__(self, cell_dir: Path, missing: list[str]):
+        self.cell_dir, self.missing = Path(cell_dir), list(missing)
+        super().__init__(f"{cell_dir}: not a complete upstream cell, missing {self.missing} "
+                         f"(need {list(REQUIRED_FILES)})")
 
 
 def arm_of(variant: dict) -> tuple[str, dict]:
@@ -95,19 +111,33 @@ def map_row(up: dict) -> dict:
     }
 
 
+def _is_cell_dir(d: Path) -> bool:
+    """A directory holding any of the cell files (requests.jsonl, metrics_*.prom, or summary.json
+    together with metadata.json): a cell, complete or not."""
+    names = {p.name for p in d.iterdir() if p.is_file()}
+    return bool(names & {"requests.jsonl", "metrics_before.prom", "metrics_after.prom"}) or \
+        {"summary.json", "metadata.json"} <= names
+
+
 def find_cells(root: str | Path) -> list[Path]:
-    """``root`` itself if it is a cell directory, else every cell directory below it (sorted)."""
+    """``root`` itself if it is a cell directory, else every cell directory below it (sorted),
+    incomplete ones included (:func:`load_cell` says what they lack)."""
     root = Path(root)
-    if (root / "requests.jsonl").is_file():
+    if root.is_dir() and _is_cell_dir(root):
         return [root]
-    return sorted(p.parent for p in root.rglob("requests.jsonl"))
+    return sorted(d for d in root.rglob("*") if d.is_dir() and _is_cell_dir(d))
 
 
 def load_cell(cell_dir: str | Path) -> dict:
     d = Path(cell_dir)
     missing = [f for f in REQUIRED_FILES if not (d / f).is_file()]
     if missing:
-        raise UpstreamError(f"{d}: not a complete upstream cell, missing {missing} (need {list(REQUIRED_FILES)})")
+        raise IncompleteCell(d, missing)
+    for name in ("metrics_before.prom", "metrics_after.prom"):
+        if not (d / name).read_text(encoding="utf-8").strip():
+            raise UpstreamError(f"{d / name}: empty file; a cell needs the /metrics scrape taken before and after "
+                                "its measured window (without it nothing says whether speculation ran). Re-copy the "
+                                "file from the upstream run, or leave the cell out")
     meta = atomic.read_json(d / "metadata.json")
     for field in ("variant", "cell", "workload_file_sha256"):
         if field not in meta:
@@ -180,12 +210,40 @@ def convert_cell(cell_dir: str | Path) -> tuple[list[dict], dict, dict]:
         wall_source=WALL_SOURCE,
         times={"started_at": meta.get("started_at"), "ended_at": meta.get("ended_at")},
     )
+    if arm_spec["method"] != "baseline" and not summary["speculative"].get("enabled"):
+        raise UpstreamError(
+            f"{Path(cell_dir) / 'metrics_after.prom'}: no vllm:spec_decode_* counters, but metadata.json field "
+            f"'variant.method' is {meta['variant'].get('method')!r}: a speculative arm whose scrapes show no "
+            "speculation cannot be imported as valid. Check that the scrapes belong to this deployment")
+    ok = [r for r in rows if cell.is_success(r)]
+    up_e2e = [r["upstream"]["e2e_ms"] for r in rows if r["upstream"]["e2e_ms"] is not None]
+    conc = int(c["concurrency"])
+    wall_rows = math.fsum(up_e2e) / 1000.0 / conc if len(up_e2e) == len(rows) and rows else None
+    wall_up = up["summary"].get("wall_seconds")
+    comp = summary["tokens"]["completion"]
     summary["upstream"] = {
         "cell_dir": str(Path(cell_dir)),
         "model": meta.get("model"),
         "variant": meta.get("variant"),
         "harness_git_revision": meta.get("harness_git_revision"),
         "definition_differences": DEFINITION_NOTES,
+        # the wall time this summary uses is upstream's; the one the rows give is beside it
+        "wall": {
+            "wall_seconds_upstream": wall_up,
+            "wall_seconds_upstream_source": WALL_SOURCE,
+            "wall_seconds_from_rows": wall_rows,
+            "wall_seconds_from_rows_source": WALL_FROM_ROWS,
+            "output_tokens_per_second_upstream_wall": comp / wall_up if wall_up else None,
+            "output_tokens_per_second_from_rows": comp / wall_rows if wall_rows else None,
+            "rows_to_upstream_wall": wall_rows / wall_up if (wall_rows and wall_up) else None,
+        },
+        # upstream-compatible latencies (to the end of the stream, usage chunk included), beside ours
+        "latency_ms_upstream_definition": {
+            "e2e": cell.distribution(r["upstream"]["e2e_ms"] for r in ok),
+            "tpot": cell.distribution(r["upstream"]["tpot_ms"] for r in ok),
+            "definition": "upstream: e2e = request start -> end of stream incl. the trailing usage chunk and [DONE]; "
+                          "tpot = (e2e - ttft)/(completion_tokens - 1) with that e2e",
+        },
         "summary": up["summary"],
     }
     cell.validate_summary(summary, Path(cell_dir) / "summary.json (converted)")
@@ -210,25 +268,59 @@ def _fmt(x, spec=".4g"):
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """Import every complete cell under ``source``; list the incomplete ones with their missing files.
+    Exit 2 when nothing could be imported, when a cell is malformed, or (``--strict``) when any cell is
+    incomplete; else 0."""
     cells = find_cells(args.source)
     if not cells:
-        print(f"error: {args.source}: no upstream cell found (a cell directory contains {list(REQUIRED_FILES)})", file=sys.stderr)
+        print(f"error: {args.source}: no upstream cell found (a cell directory contains {list(REQUIRED_FILES)})",
+              file=sys.stderr)
         return 2
-    print("arm                c   valid  acc_rate  mal     out_tok/s  ttft_p50  tpot_p50  -> path")
+    head = (f"{'arm':<14} {'workload':<10} {'c':<3} {'valid':<6} {'acc':<6} {'mal':<6} {'tok/s':>8} {'tok/s':>8} "
+            f"{'ttft50':>8} {'e2e50':>8} {'e2e50':>8} {'tpot50':>7} {'tpot50':>7}")
+    sub = (f"{'':<14} {'':<10} {'':<3} {'':<6} {'':<6} {'':<6} {'up wall':>8} {'rows':>8} {'':>8} {'ours':>8} "
+           f"{'up':>8} {'ours':>7} {'up':>7}")
+    imported, incomplete, errors = [], [], []
     for d in cells:
         try:
-            out = import_cell(d, args.out)
+            if args.out:
+                out = import_cell(d, args.out)
+                s = atomic.read_json(out / "summary.json")
+            else:
+                out, s = None, convert_cell(d)[1]
+        except IncompleteCell as exc:
+            incomplete.append(exc)
+            continue
         except (UpstreamError, ValueError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        s = atomic.read_json(out / "summary.json")
-        sp = s["speculative"]
-        print(
-            f"{s['keys']['arm']:<18} {s['keys']['concurrency']:<3} {str(s['validity']['valid']):<6} "
-            f"{_fmt(sp.get('acceptance_rate')):<9} {_fmt(sp.get('mean_acceptance_length')):<7} "
-            f"{_fmt(s['tokens']['output_tokens_per_second'], '.1f'):<10} {_fmt(s['latency_ms']['ttft']['p50'], '.1f'):<9} "
-            f"{_fmt(s['latency_ms']['tpot']['p50'], '.2f'):<9} -> {out}"
-        )
+            errors.append(f"{d}: {exc}" if str(d) not in str(exc) else str(exc))
+            continue
+        if not imported:
+            print(head)
+            print(sub)
+        imported.append(d)
+        sp, w = s["speculative"], s["upstream"]["wall"]
+        ud = s["upstream"]["latency_ms_upstream_definition"]
+        print(f"{s['keys']['arm']:<14} {s['keys']['workload']:<10} {s['keys']['concurrency']:<3} "
+              f"{str(s['validity']['valid']):<6} {_fmt(sp.get('acceptance_rate'), '.3f'):<6} "
+              f"{_fmt(sp.get('mean_acceptance_length'), '.3f'):<6} "
+              f"{_fmt(w['output_tokens_per_second_upstream_wall'], '.1f'):>8} "
+              f"{_fmt(w['output_tokens_per_second_from_rows'], '.1f'):>8} {_fmt(s['latency_ms']['ttft']['p50'], '.1f'):>8} "
+              f"{_fmt(s['latency_ms']['e2e']['p50'], '.1f'):>8} {_fmt(ud['e2e']['p50'], '.1f'):>8} "
+              f"{_fmt(s['latency_ms']['tpot']['p50'], '.2f'):>7} {_fmt(ud['tpot']['p50'], '.2f'):>7}"
+              + (f"  -> {out}" if out else ""))
+    if imported:
+        print("tok/s: output tokens/s with upstream's wall (summary.json wall_seconds) | with the wall from the rows "
+              "(sum of e2e / concurrency; a lower bound of the wall for c > 1).\n"
+              "e2e/tpot p50 (ms): ours end at the last content event | upstream's end after the usage chunk and [DONE] "
+              "(upstream's tables use the latter).")
+    for exc in incomplete:
+        print(f"incomplete: {exc.cell_dir}: missing {', '.join(exc.missing)}", file=sys.stderr)
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    print(f"{len(imported)} cell(s) {'imported' if args.out else 'read'}, {len(incomplete)} incomplete, "
+          f"{len(errors)} with errors", file=sys.stderr)
+    if not imported or errors or (incomplete and args.strict):
+        return 2
     return 0
 
 
@@ -237,9 +329,11 @@ def register(subparsers) -> None:
         "import-upstream",
         help="convert the 70B study's raw cells into this project's cell format",
         description="Convert upstream 70B cells (requests.jsonl, metrics_{before,after}.prom, summary.json, "
-        "metadata.json) into specstudy cells; the summary is recomputed from the raw files.",
+        "metadata.json) into specstudy cells; the summary is recomputed from the raw files. Complete cells are "
+        "imported; incomplete ones are listed with their missing files.",
     )
     p.add_argument("source", help="an upstream cell directory (…/c8/repeat-01) or any directory above cells")
-    p.add_argument("out", help="output root; cells go to <out>/<arm>/rep<r>/<workload>/c<c>/")
+    p.add_argument("out", nargs="?", default=None,
+                   help="output root; cells go to <out>/<arm>/rep<r>/<workload>/c<c>/ (omit to only report)")
+    p.add_argument("--strict", action="store_true", help="exit 2 when any cell is incomplete")
     p.set_defaults(func=cmd_import)
-

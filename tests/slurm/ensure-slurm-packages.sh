@@ -2,23 +2,31 @@
 # Make sure the programs for the local one-node Slurm test cluster are installed (Debian packages
 # slurm-wlm and munge). Called by `make test` before pytest.
 #  - Fast and silent-ish when everything is already there (no apt call at all).
-#  - Never fails the build: when apt-get is missing, we are not root, or the install fails, it
-#    prints why and exits 0; the @pytest.mark.slurm tests then skip with the same reason.
+#  - Outside CI it never fails the build: when apt-get is missing, we are not root, or the install
+#    fails, it prints why and exits 0; the @pytest.mark.slurm tests then skip with the same reason.
+#  - Under CI=true (.ci/run) the same cases exit 1: CI must not go green with the Slurm tests skipped.
 #  - The packages may start daemons with their default config; this script stops only the
 #    daemons it finds running from the packages' default pid files after its own install.
 set -u
 needed=(munged mungekey slurmctld slurmd sinfo sbatch squeue scancel scontrol srun)
+sbin="${ENSURE_SLURM_SBIN:-/usr/sbin}"   # where the packages put their daemons (a test points it elsewhere)
 have_all() {
   local p
   for p in "${needed[@]}"; do
-    command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || return 1
+    command -v "$p" >/dev/null 2>&1 || [ -x "$sbin/$p" ] || return 1
   done
 }
 if have_all; then
   echo "ensure-slurm-packages: slurm-wlm and munge already installed"
   exit 0
 fi
-skip() { echo "ensure-slurm-packages: NOT installing Slurm: $*; the slurm-marked tests will be skipped" >&2; exit 0; }
+skip() {
+  case "${CI:-}" in
+    1|true|TRUE|True|yes)
+      echo "ensure-slurm-packages: ERROR: cannot install Slurm under CI=true: $*" >&2; exit 1 ;;
+  esac
+  echo "ensure-slurm-packages: NOT installing Slurm: $*; the slurm-marked tests will be skipped" >&2; exit 0
+}
 command -v apt-get >/dev/null 2>&1 || skip "apt-get is not available (not a Debian/Ubuntu machine); install slurm-wlm and munge by hand"
 [ "$(id -u)" = 0 ] || skip "not root (run: sudo apt-get install -y slurm-wlm munge)"
 export DEBIAN_FRONTEND=noninteractive
