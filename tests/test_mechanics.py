@@ -122,6 +122,10 @@ def test_config_errors_name_file_field_and_fix(tmp_path):
     p.write_text(yaml.safe_dump(bad))
     with pytest.raises(mechanics.MechanicsError, match=r"(?s)'mechanics\.cells\.max_tokens'.*max_model_len 2048"):
         mechanics.load_mechanics(p, _study())
+    bad = {"mechanics": dict(_mech(), engine={"server": {"extra_args": ["--max-num-seqs=16"]}})}
+    p.write_text(yaml.safe_dump(bad))
+    with pytest.raises(mechanics.MechanicsError, match=r"(?s)'mechanics\.engine\.server\.extra_args'.*--max-num-seqs 16"):
+        mechanics.load_mechanics(p, _study())
     with pytest.raises(mechanics.MechanicsError, match="file not found"):
         mechanics.load_mechanics(tmp_path / "none.yaml")
 
@@ -139,7 +143,8 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
         assert s["phase"] == "mechanics" and [c["concurrency"] for c in s["cells"]] == [1, 8, 32]
         assert s["engine"]["target"]["max_model_len"] == 2048
         assert s["engine"]["server"]["gpu_memory_utilization"] == 0.5
-        assert s["engine"]["server"]["extra_args"] == study["engine"]["server"]["extra_args"]   # inherited
+        assert s["engine"]["server"]["extra_args"] == ["--max-num-seqs", "64", "--no-enable-prefix-caching"]
+        assert s["engine"]["server"]["env"] == study["engine"]["server"]["env"]   # inherited from the study
         assert s["cell_settings"]["requests"] == 32 and s["cell_settings"]["temperature"] == 0.0
         deploy.validate_arm(s["arm"])
     # The draft path differs in the launched command, nothing else does (proved on the argv).

@@ -101,9 +101,27 @@ def check_mechanics(m: dict, source: str, study_cfg: dict | None = None) -> dict
         if m["cells"]["max_tokens"] >= mml:
             problems.append(f"field 'mechanics.cells.max_tokens': {m['cells']['max_tokens']} leaves no room for the "
                             f"prompt in max_model_len {mml}; lower it or raise mechanics.engine.target.max_model_len")
+        args = [str(a) for a in (_merge(study_cfg["engine"], m.get("engine") or {}).get("server") or {}).get("extra_args") or []]
+        seqs = _flag_value(args, "--max-num-seqs")
+        if seqs is not None and seqs < max(conc):
+            problems.append(f"field 'mechanics.engine.server.extra_args': the study's --max-num-seqs {seqs} is below the "
+                            f"largest mechanics concurrency {max(conc)}, so that level would queue instead of batching; "
+                            "give mechanics.engine.server.extra_args with --max-num-seqs >= it (the list replaces the study's)")
     if problems:
         raise MechanicsError(f"{source}: invalid mechanics config:\n  - " + "\n  - ".join(problems))
     return m
+
+
+def _flag_value(args: list[str], flag: str) -> int | None:
+    for i, a in enumerate(args):
+        try:
+            if a == flag and i + 1 < len(args):
+                return int(args[i + 1])
+            if a.startswith(flag + "="):
+                return int(a.split("=", 1)[1])
+        except ValueError:
+            return None
+    return None
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -410,7 +428,8 @@ def _cmd_spec(args) -> int:
 def _cmd_run(args) -> int:
     spec = json.loads(args.spec)
     rec = run_arm(spec, args.out)
-    return 0 if rec["status"] in ("ok", "failed") else 1
+    code = rec.get("exit_code") or 0
+    return code if code >= 128 else 0   # cancelled (signal): fail the job so that a re-run resumes it
 
 
 def _cmd_corpus(args) -> int:
@@ -424,6 +443,8 @@ def _cmd_summary(args) -> int:
     m = load_mechanics(args.mechanics, study)
     result = write_summary(m, args.results, args.out)
     ok = sum(1 for a in result["arms"] if a["status"] == "ok")
+    for a in result["arms"]:
+        print(f"{LABEL}: arm {a['mechanics_label']}: {a['status']}, {a['seconds']} s" + (f" — {a['error']}" if a["error"] else ""))
     print(f"{LABEL}: {ok}/{len(result['arms'])} arms ok; {args.out}/mechanics.md")
     return 0
 
