@@ -296,3 +296,45 @@ def test_8b_random_target_builds_on_a_gpu(tmp_path, tokenizer_dir):
     assert rec["init_seconds"] < 120
     size = sum(p.stat().st_size for p in (tmp_path / "t").glob("*.safetensors"))
     assert 2 * rec["parameters"]["total"] <= size < 2 * rec["parameters"]["total"] + 50_000_000   # bf16 weights
+
+
+# ----------------------------------------------------------------------------- workflow
+
+def test_decode_mechanics_dag_is_apart_from_the_study(tmp_path):
+    """Dry runs on a copy of the workflow: decode_mechanics builds two models, one corpus, four arms (one at a
+    time) and a summary; `all` contains none of it; a bad mechanics file stops the DAG with its name."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def sm(*args):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "4", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    def counts(out):
+        m = re.search(r"Job stats:\n(.*?)\n\s*total", out, re.S)
+        return {p[0]: int(p[1]) for p in (ln.split() for ln in m.group(1).splitlines()) if len(p) == 2 and p[1].isdigit()}
+
+    proc = sm("-n", "-p", "decode_mechanics")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    c = counts(proc.stdout)
+    assert c["random_model"] == 2 and c["mechanics_corpus"] == 1 and c["mechanics_run"] == 4
+    assert c["mechanics_summary"] == 1
+    assert '"mechanics_label":"small-draft-k3"' in proc.stdout and "--preset llama-8b" in proc.stdout
+    assert "threads: 4" in proc.stdout   # every arm takes all cores: arms never share the GPU
+    proc = sm("-n", "all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not {"random_model", "mechanics_run", "mechanics_summary"} & set(counts(proc.stdout))
+    cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    cfg["mechanics"] = "config/nope.yaml"
+    (tmp_path / "config" / "other.yaml").write_text(yaml.safe_dump(cfg))
+    proc = sm("-n", "decode_mechanics", "--configfile", "config/other.yaml")
+    assert proc.returncode != 0 and "config/nope.yaml: file not found" in proc.stdout + proc.stderr
