@@ -289,7 +289,8 @@ def cell_row(label: str, arm: dict, summary: dict | None, concurrency: int, stat
            "drafts": None, "draft_tokens": None, "accepted_tokens": None, "acceptance_rate": None,
            "mean_acceptance_length": None, "step_time_ms": None}
     if summary is None:
-        row["invalid_reasons"] = "no cell summary (the arm failed before this cell)"
+        row["invalid_reasons"] = ("no cell summary: the arm has not run (no mechanics-arm.json)" if status == "missing"
+                                  else f"no cell summary (arm status {status}: it stopped before this cell)")
         return row
     v = summary.get("validity") or {}
     row["valid"] = bool(v.get("valid"))
