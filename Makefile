@@ -8,13 +8,17 @@ CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
 
-.PHONY: install install-harness study screen confirm capacity report test test-fast lint bench clean-results
+.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench bench-decision confirm-again clean-results
 
 install:
 	envs/install.sh embedded
 
 install-harness:
 	envs/install.sh harness
+
+# Wheels for the offline GPU machine -> .stage/p1 ... (docs/gpu.md, "Offline install"). Needs no venv.
+gpu-stage:
+	python3 envs/gpu/stage.py
 
 study: install
 	$(BIN)/snakemake --profile $(PROFILE) all
@@ -37,6 +41,16 @@ bench: install
 	$(BIN)/python benchmarks/loadgen.py
 	$(BIN)/snakemake --profile $(PROFILE) results/models/fixture/models.json results/corpora/bundled-open_chat/1/corpus.json
 	$(BIN)/python benchmarks/autogroup.py
+
+bench-decision: install
+	$(BIN)/python benchmarks/decision_rule.py
+
+# Run the confirmation again from scratch (same screening, selection, locked pre-registration and plan) and
+# show the decisions and stability figures of every confirmation run so far (issue #15 item 5).
+confirm-again: install
+	$(BIN)/specstudy confirm-archive --results results --to results-archive
+	$(BIN)/snakemake --profile $(PROFILE) confirm
+	$(BIN)/specstudy confirm-show results-archive/confirm-* results/confirm/rounds
 
 clean-results:
 	rm -rf results .snakemake

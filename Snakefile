@@ -37,6 +37,7 @@ localrules:
     gate,
     select,
     final_candidate,
+    confirm_round,
     tables,
 
 

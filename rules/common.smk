@@ -30,6 +30,8 @@ if _LOCK.exists():
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
+CONFIRM_INITIAL = int(PREREG["confirmation"]["repeats"])
+CONFIRM_CAP = int(PREREG["confirmation"]["stopping"]["max_repeats"])
 SCREEN_PLAN = _plan.make_plan(config, "screen", prereg=PREREG)
 DRIFT_CELL = SCREEN_PLAN["design"]["drift_cell"]
 GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
@@ -136,6 +138,75 @@ def plan_for(phase):
     return SCREEN_PLAN if phase == "screen" else confirm_plan()
 
 
+# ------------------------------------------------------------------ adaptive confirmation rounds
+
+def round_file(n):
+    return f"results/confirm/rounds/round{n}.json"
+
+
+def round_state(n):
+    """The checkpoint of round n (asking for it makes Snakemake run that checkpoint first)."""
+    with open(checkpoints.confirm_round.get(n=str(n)).output.state) as fh:
+        return json.load(fh)
+
+
+def confirm_rounds_run():
+    """Rounds that run: the initial ones, then one more each time the previous round's checkpoint asks."""
+    n = CONFIRM_INITIAL
+    while n < CONFIRM_CAP and round_state(n)["continue"]:
+        n += 1
+    return n
+
+
+def require_round(r, what):
+    """Refuse work of adaptive round r unless the checkpoint of round r-1 asked for it."""
+    if r <= CONFIRM_INITIAL:
+        return
+    if r > CONFIRM_CAP:
+        raise WorkflowError(f"{what}: round {r} is beyond the pre-registered cap confirmation.stopping.max_repeats = "
+                            f"{CONFIRM_CAP} ({PREREG_FILE})")
+    require_round(r - 1, what)
+    state = round_state(r - 1)
+    if not state["continue"]:
+        raise WorkflowError(f"{what}: round {r} was not asked for: the checkpoint {round_file(r - 1)} stopped "
+                            f"confirmation ({state['why']}). Rounds beyond confirmation.repeats = {CONFIRM_INITIAL} "
+                            "run only when the checkpoint of the round before asks for them.")
+
+
+def confirm_plan_active():
+    """The confirmation plan restricted to the rounds the checkpoints asked for."""
+    p = confirm_plan()
+    n = confirm_rounds_run()
+    return dict(p, deployments=[d for d in p["deployments"] if d["kind"] != "repeat" or d["round"] <= n])
+
+
+def confirm_round_inputs(wildcards):
+    n = int(wildcards.n)
+    if n < CONFIRM_INITIAL:
+        raise WorkflowError(f"{round_file(n)}: the first checkpoint is after round confirmation.repeats = "
+                            f"{CONFIRM_INITIAL} ({PREREG_FILE})")
+    require_round(n, round_file(n))
+    p = confirm_plan()
+    reps = [d for d in p["deployments"] if d["kind"] == "repeat" and d["round"] <= n]
+    arms = spec_arms(p)
+    inputs = {
+        "summaries": [cell_path("confirm", d["arm"], d["rep"], c["workload"], c["concurrency"])
+                      for d in reps for c in d["cells"]],
+        "records": [record_path("confirm", d["arm"], d["rep"]) for d in reps],
+        # Screening gates (confirmation gates need the final rounds): a failed gate takes a candidate out of contention.
+        "gates": [f"results/gates/screen/{a}.json" for a in arms if a in spec_arms(SCREEN_PLAN)],
+        "plan": "results/plan/confirm.json",
+        "lock": ancient("results/screen/prereg-lock.json"),
+    }
+    if n > CONFIRM_INITIAL:
+        inputs["previous"] = round_file(n - 1)
+    return inputs
+
+
+def confirm_round_files(wildcards=None):
+    return [round_file(k) for k in range(CONFIRM_INITIAL, confirm_rounds_run() + 1)]
+
+
 def planned(phase, arm, rep):
     """The plan entry of a deployment; refuses deployments the plan (or the selection) does not contain."""
     p = plan_for(phase)
@@ -159,6 +230,9 @@ def deployment_inputs(wildcards, phase=None):
               "plan": f"results/plan/{phase}.json", "lock": ancient("results/screen/prereg-lock.json")}
     if phase == "confirm":
         inputs["selection"] = ancient(selection_file())
+        if dep["kind"] == "repeat" and dep["round"] > CONFIRM_INITIAL:
+            require_round(dep["round"], f"results/confirm/{wildcards.arm}/{rep}")
+            inputs["round"] = ancient(round_file(dep["round"] - 1))
     if dep["after"]:
         a, r = dep["after"].split("/")
         inputs["after"] = ancient(record_path(phase, a, r))
@@ -240,7 +314,7 @@ def spec_arms(p):
 
 
 def gates_of(phase):
-    p = plan_for(phase)
+    p = SCREEN_PLAN if phase == "screen" else confirm_plan_active()
     return [f"results/gates/{phase}/{a}.json" for a in spec_arms(p)]
 
 
@@ -249,15 +323,15 @@ def screen_targets(wildcards):
 
 
 def confirm_cells(wildcards=None):
-    return _cells_of(confirm_plan())
+    return _cells_of(confirm_plan_active())
 
 
 def confirm_records(wildcards=None):
-    return _records_of(confirm_plan())
+    return _records_of(confirm_plan_active())
 
 
 def confirm_targets(wildcards):
-    return confirm_cells() + confirm_records() + gates_of("confirm")
+    return confirm_cells() + confirm_records() + gates_of("confirm") + confirm_round_files()
 
 
 def gates_of_confirm(wildcards):
@@ -265,7 +339,7 @@ def gates_of_confirm(wildcards):
 
 
 def gate_inputs(wildcards):
-    p = plan_for(wildcards.phase)
+    p = SCREEN_PLAN if wildcards.phase == "screen" else confirm_plan_active()
     reps = [d for d in p["deployments"] if d["kind"] == "repeat"]
     base = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == "baseline"]
     cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]
@@ -300,7 +374,7 @@ def capacity_inputs(wildcards):
 
 
 def confirm_records_of_arm(arm):
-    p = confirm_plan()
+    p = confirm_plan_active()
     return [record_path("confirm", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == arm and d["kind"] == "repeat"][:1]
 
 
@@ -321,6 +395,7 @@ def report_inputs(wildcards):
         "screen": screen_cells() + screen_records() + gates_of("screen"),
         "confirm": confirm_cells() + confirm_records() + gates_of("confirm"),
         "selection": selection_file(),
+        "rounds": confirm_round_files(),
         "tables": "results/tables/cells.parquet",
         "capacity": capacity_targets(wildcards),
     }

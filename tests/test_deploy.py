@@ -110,7 +110,7 @@ def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
     written = tomllib.loads((tmp_path / "attempt" / "environment.toml").read_text())
     assert written["image"] == "/images/vllm.sqsh"
     assert written["mounts"] == ["/capstor:/capstor", f"{src}:/usr/lib/python3/site-packages/vllm/x.py"]
-    assert written["env"] == {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1"}
+    assert written["env"] == {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1", **deploy.SERVER_ENV_DEFAULTS}
     assert written["annotations"] == {"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true"}}}} and written["writable"] is True
     desc = backend.describe()
     mount = [m for m in desc["mounts"] if m["src"] == str(src)][0]

@@ -106,3 +106,29 @@ def test_config_errors_name_field_and_fix(cfg):
     bad["arms"]["ngram"] = {"prompt_lookup_min": 5, "prompt_lookup_max": 2}
     with pytest.raises(ConfigError, match="make min <= max"):
         check_config(bad, "my.yaml")
+
+
+def test_confirmation_plan_holds_adaptive_rounds_up_to_the_cap(cfg):
+    p = plan.make_plan(cfg, "confirm", arms=["baseline", "draft-k2-tp1", "ngram-k4"])
+    assert p["design"]["repeats"] == 3 and p["design"]["max_repeats"] == 5
+    rounds = {d["round"]: d["adaptive"] for d in p["deployments"] if d["kind"] == "repeat"}
+    assert rounds == {1: False, 2: False, 3: False, 4: True, 5: True}
+    # each adaptive round is a complete counterbalanced block, deterministic from the seed
+    r4 = [d["arm"] for d in p["deployments"] if d["round"] == 4]
+    assert sorted(r4) == ["baseline", "draft-k2-tp1", "ngram-k4"]
+    assert r4 == [d["arm"] for d in plan.make_plan(cfg, "confirm", arms=["baseline", "draft-k2-tp1", "ngram-k4"])
+                  ["deployments"] if d["round"] == 4]
+    # nothing that always runs comes after an adaptive round
+    for d in p["deployments"]:
+        if not d["adaptive"] and d["after"]:
+            a, r = d["after"].split("/")
+            assert not plan.find_deployment(p, a, r)["adaptive"]
+
+
+def test_adaptive_rounds_come_after_drift_baselines(cfg):
+    c = copy.deepcopy(cfg)
+    c["plan"] = {"blocks": 2, "drift_baselines_per_block": 1, "drift_cell": {"workload": "code", "concurrency": 1}}
+    p = plan.make_plan(c, "confirm", arms=["baseline", "ngram-k4"])
+    for block in (1, 2):
+        kinds = [("drift" if d["kind"] == "drift" else d["adaptive"]) for d in p["deployments"] if d["block"] == block]
+        assert kinds.index("drift") < min((i for i, k in enumerate(kinds) if k is True), default=len(kinds))

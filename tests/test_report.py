@@ -6,7 +6,7 @@ import json
 import shutil
 
 from specstudy import report, tables
-from test_tables import make_results_tree
+from test_tables import EFFECTS, make_results_tree
 
 LAUNCH = ["vllm", "serve", "/models/apertus-70b", "--tensor-parallel-size", "4"]
 
@@ -17,8 +17,12 @@ def _build(tmp_path, **kw):
     return res
 
 
+# chat@c8 at a clear 5% gain: with the fixture's ±2% pseudo-noise every cell is non-inferior or better
+CLEAR = {**EFFECTS, "draft-k3-tp4": {**EFFECTS["draft-k3-tp4"], ("chat", 8): 1.05}}
+
+
 def test_report_full_tree(tmp_path):
-    res = _build(tmp_path)
+    res = _build(tmp_path, effects=CLEAR)
     for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
         (res / "capacity" / arm).mkdir(parents=True)
         (res / "capacity" / arm / "knee.json").write_text(json.dumps(
@@ -42,7 +46,9 @@ def test_report_full_tree(tmp_path):
                    "loadgen_limited", "engine refused draft TP 1", "Drift", "EXPLANATORY",
                    "| H4 |", "untestable", "draft-k3-tp4 vs baseline: differs in async_scheduling",
                    "| draft-k3-tp4 | 5 | 6.25 | confirmed | 3/3 pass, 2/3 fail |", "knee moved down from 6.25", "the draft costs 20.0% of the KV pool",
-                   "moves the knee by +1 req/s", "Control's worst case", "nothing: all inputs present"):
+                   "moves the knee by +1 req/s", "Control's worst case", "nothing: all inputs present",
+                   "Stability: enable draft-k3-tp4 in", "Per-cell verdicts", "| draft-k3-tp4 | code@c1 | 3 | 1.409 | "
+                   "[1.312, 1.514] | gain |"):
         assert needle in md, needle
     assert "<table>" in html and "plots/speedup.png" in html
     for png in ("speedup", "tpot", "acceptance_vs_speedup", "per_position", "memory", "latency", "drift"):
@@ -76,3 +82,21 @@ def test_report_empty_results(tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "no screen cells" in md and "no gate verdicts" in md and "no selection" in md
     shutil.rmtree(tmp_path / "r")
+
+
+def test_report_names_inconclusive_cells_and_the_rounds_run(tmp_path):
+    """The fixture's chat@c8 (true 0.99) is neither a shown loss nor non-inferior after 3 rounds: it blocks."""
+    res = _build(tmp_path)
+    rounds = res / "confirm" / "rounds"
+    rounds.mkdir(parents=True)
+    (rounds / "round3.json").write_text(json.dumps(
+        {"round": 3, "decision": "do_not_enable", "continue": True, "why": "undecided after 3 rounds: draft-k3-tp4 chat@c8",
+         "stability": {"resamples": 10, "outcomes": {"do_not_enable": 0.8, "enable draft-k3-tp4": 0.2}}}))
+    summary = report.build(res, res / "tables", {}, res / "report")
+    md = (res / "report" / "report.md").read_text()
+    rec = summary["recommendation"]
+    assert rec["decision"] == "do_not_enable" and rec["undecided"][0]["what"] == "chat@c8"
+    assert "- draft-k3-tp4 chat@c8: inconclusive [" in md and "more round(s)" in md
+    assert "| 3 | do_not_enable | one more round | undecided after 3 rounds: draft-k3-tp4 chat@c8 |" in md
+    assert "do_not_enable in 80% of resamples, enable draft-k3-tp4 in 20% of resamples" in md
+    assert abs(sum(rec["stability"]["outcomes"].values()) - 1) < 1e-9

@@ -15,7 +15,9 @@ from specstudy.atomic import write_json
 ROOT = Path(__file__).resolve().parents[1]
 PREREG = {"version": 1, "selection": {"metric": "tpot_p50", "retain_within": 0.05,
                                       "retain_if": ["lower_memory", "better_worst_workload"], "best_ngram": True},
-          "confirmation": {"concurrency": [1, 4, 8], "repeats": 3},
+          "confirmation": {"concurrency": [1, 4, 8], "repeats": 3,
+                           "stopping": {"max_repeats": 5, "correction": "bonferroni"},
+                           "decision": {"min_gain": 0.05, "max_regression": 0.02}},
           "gate": {"margins": {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
                                "max_completion_token_difference": 4}}}
 METHOD = {"baseline": "baseline", "draft-k2-tp1": "draft_model", "draft-k4-tp1": "draft_model",

@@ -125,13 +125,19 @@ def test_recommend_lose_and_mixed():
     lose = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, LOSE)]
     rec = stats.recommend(lose, GATE_PASS)
     assert rec["decision"] == "do_not_enable"
-    assert any("regression on chat@c1" in b for b in rec["candidates"][0]["blockers"])
-    # mixed: wins on code, flat on chat -> enabled for the mixture only if the mixture gain is repeatable
+    assert any("regression shown" in b and "chat@c1" in b for b in rec["candidates"][0]["blockers"])
+    # mixed: wins on code, flat on chat; with 3 repeats a 2% loss on chat is not excluded -> inconclusive, blocks
     mixed = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, FLAT)]
     rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.9, "chat": 0.1}}})
+    assert rec["decision"] == "do_not_enable"
+    assert rec["candidates"][0]["status"]["chat@c1"] == "inconclusive"
+    assert rec["undecided"][0]["what"] == "chat@c1"
+    # non-inferiority declared on the traffic mixture: the code-heavy mixture is enabled, the chat-heavy one not
+    prereg = {"confirmation": {"repeats": 3, "stopping": {"max_repeats": 5, "correction": "none"},
+                               "decision": {"min_gain": 0.05, "max_regression": 0.02, "non_inferiority_on": "mixture"}}}
+    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.9, "chat": 0.1}}}, prereg)
     assert rec["decision"] == "enable"
-    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.05, "chat": 0.95},
-                                                                "min_gain": 0.05}})
+    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.05, "chat": 0.95}}}, prereg)
     assert rec["decision"] == "do_not_enable"
     # routed by workload: enable for code only
     rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"route_by_workload": True}})
@@ -146,9 +152,11 @@ def test_mixture_speedup_hand_computed():
     assert stats._mixture({"code": code, "chat": chat}, {"code": 0.5, "chat": 0.5}) == [pytest.approx(4 / 3)]
 
 
-def test_one_repeat_below_one_blocks_win():
-    d = stats.describe([1.5, 1.5, 0.99, 1.5, 1.5])
-    assert stats.cell_status({"speedup": d}, 0.0, 0.02) != "win"
+def test_cell_status_is_the_interval_verdict():
+    assert stats.cell_status({"speedup": stats.describe(WIN)}, 0.05, 0.02) == "gain"
+    assert stats.cell_status({"speedup": stats.describe(LOSE)}, 0.05, 0.02) == "regression"
+    assert stats.cell_status({"speedup": stats.describe([1.0, 1.2, 0.8])}, 0.05, 0.02) == "inconclusive"
+    assert stats.cell_status({"speedup": stats.describe([1.0])}, 0.05, 0.02) == "missing"
 
 
 @pytest.mark.parametrize("verdict", ["fail", "no_verdict", None])

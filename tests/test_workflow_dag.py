@@ -177,3 +177,101 @@ def test_downstream_targets_dry_run_before_screening(workdir, target):
     counts = job_counts(out)
     assert counts["deploy_screen"] == 10 and counts["select"] == 1, counts
     assert "deploy_confirm" not in counts   # decided only after the selection checkpoint has run
+
+
+def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds) -> None:
+    """Write confirmation cells and records of ``rounds`` with per-round speedups (same for every cell of an arm,
+    except draft-k2-tp1 on code@c8 which takes ``speedups['border']`` when given)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from specstudy import plan as planmod
+    from specstudy.config import load_config
+
+    os.chdir(workdir)
+    cfg = load_config("config/config.yaml")
+    p = json.loads((workdir / "results/plan/confirm.json").read_text())
+    t = [time.time()]
+
+    def write(path: str, obj) -> None:
+        f = workdir / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(obj))
+        t[0] += 0.01
+        os.utime(f, (t[0], t[0]))
+
+    for d in p["deployments"]:
+        if d["kind"] != "repeat" or d["round"] not in rounds:
+            continue
+        r = d["round"] - 1
+        for c in d["cells"]:
+            sp = 1.0 if d["arm"] == "baseline" else speedups[d["arm"]][r]
+            if d["arm"] == "draft-k2-tp1" and (c["workload"], c["concurrency"]) == ("code", 8) and "border" in speedups:
+                sp = speedups["border"][r]
+            method = "baseline" if d["arm"] == "baseline" else ("draft_model" if d["arm"].startswith("draft") else "ngram")
+            write(f"results/confirm/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json",
+                  {"keys": {"phase": "confirm", "arm": d["arm"], "method": method, "rep": d["rep"],
+                            "workload": c["workload"], "concurrency": c["concurrency"]},
+                   "validity": {"valid": True, "reasons": []},
+                   "latency_ms": {"tpot": {"p50": 10.0 / sp}}, "tokens": {"output_tokens_per_second": 100.0 * sp}})
+        write(f"results/confirm/{d['arm']}/{d['rep']}/deployment.json",
+              {"arm": {"name": d["arm"]}, "status": "ok", "prereg_sha256": planmod.prereg_lock(cfg)["sha256"]})
+
+
+CLEAR = {"draft-k2-tp1": [1.30, 1.31, 1.32, 1.30, 1.31], "ngram-k2": [0.80, 0.81, 0.79, 0.80, 0.80]}
+BORDER = dict(CLEAR, border=[1.30, 0.95, 1.25, 1.28, 1.29])
+
+
+def _to_confirmation(workdir: Path) -> None:
+    fake_screening(workdir)
+    sm(workdir, "results/selection/selection.json", "results/plan/confirm.json")
+
+
+def test_adaptive_round_exists_only_when_the_checkpoint_asks(workdir):
+    _to_confirmation(workdir)
+    _fake_confirm_rounds(workdir, BORDER, {1, 2, 3})
+    out = sm(workdir, "-n", "confirm").stdout
+    counts = job_counts(out)
+    assert counts.get("confirm_round") == 1 and "deploy_confirm" not in counts, counts
+    sm(workdir, "results/confirm/rounds/round3.json")
+    state = json.loads((workdir / "results/confirm/rounds/round3.json").read_text())
+    assert state["continue"] is True and "draft-k2-tp1 code@c8" in state["why"]
+    assert {d["arm"] for d in state["next_round"]} == {"baseline", "draft-k2-tp1", "ngram-k2"}
+    assert state["candidates"][1]["verdicts"]["code@c1"] == "regression"  # ngram-k2: out of contention
+    # round 4 (baseline + both candidates, counterbalanced from the seed) is now in the DAG, then its checkpoint
+    counts = job_counts(sm(workdir, "-n", "confirm").stdout)
+    assert counts["deploy_confirm"] == 3 and counts["confirm_round"] == 1, counts
+    # round 4 does not settle code@c8 (a 0.95 round is still in the data): round 5, the cap, is asked for
+    _fake_confirm_rounds(workdir, BORDER, {4})
+    sm(workdir, "results/confirm/rounds/round4.json")
+    state = json.loads((workdir / "results/confirm/rounds/round4.json").read_text())
+    assert state["continue"] is True and state["rounds_run"] == [1, 2, 3, 4]
+    counts = job_counts(sm(workdir, "-n", "confirm").stdout)
+    assert counts["deploy_confirm"] == 3 and counts["confirm_round"] == 1, counts
+
+
+def test_clear_result_stops_after_the_initial_rounds(workdir):
+    _to_confirmation(workdir)
+    _fake_confirm_rounds(workdir, CLEAR, {1, 2, 3})
+    sm(workdir, "results/confirm/rounds/round3.json")
+    state = json.loads((workdir / "results/confirm/rounds/round3.json").read_text())
+    assert state["continue"] is False and state["decision"] == "enable draft-k2-tp1", state
+    counts = job_counts(sm(workdir, "-n", "confirm").stdout)
+    assert "deploy_confirm" not in counts and "confirm_round" not in counts
+    proc = sm(workdir, "-n", "results/confirm/draft-k2-tp1/rep4/code/c1/summary.json", check=False)
+    assert proc.returncode != 0
+    assert "round 4 was not asked for" in proc.stdout + proc.stderr
+
+
+def test_cap_reached_ends_confirmation(workdir):
+    _to_confirmation(workdir)
+    always_open = dict(CLEAR, border=[1.30, 0.90, 1.25, 0.92, 1.28])
+    _fake_confirm_rounds(workdir, always_open, {1, 2, 3})
+    sm(workdir, "results/confirm/rounds/round3.json")
+    _fake_confirm_rounds(workdir, always_open, {4})
+    sm(workdir, "results/confirm/rounds/round4.json")
+    _fake_confirm_rounds(workdir, always_open, {5})
+    sm(workdir, "results/confirm/rounds/round5.json")
+    state = json.loads((workdir / "results/confirm/rounds/round5.json").read_text())
+    assert state["continue"] is False and "cap of 5 rounds reached" in state["why"]
+    assert state["decision"] == "do_not_enable"
+    counts = job_counts(sm(workdir, "-n", "confirm").stdout)
+    assert "deploy_confirm" not in counts and "confirm_round" not in counts

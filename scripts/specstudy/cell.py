@@ -113,7 +113,10 @@ def _keys(keys: dict) -> dict:
     missing = [k for k in KEY_FIELDS if k not in keys]
     if missing:
         raise ValueError(f"cell keys: missing field(s) {missing}; required: {list(KEY_FIELDS)}")
-    return {k: keys[k] for k in KEY_FIELDS}
+    out = {k: keys[k] for k in KEY_FIELDS}
+    if keys.get("tensor_parallel_size") is not None:  # the target's TP (the draft's is draft_tensor_parallel_size)
+        out["tensor_parallel_size"] = int(keys["tensor_parallel_size"])
+    return out
 
 
 def _iso(ts: float | None) -> str | None:

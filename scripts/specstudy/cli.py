@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "telemetry",
     "gate",
     "select",
+    "decision",
     "capacity",
     "upstream",
     "tables",

@@ -90,6 +90,12 @@ def load_prereg(cfg: dict) -> dict:
         schemas.validate(data, "preregistration", str(path))
     except schemas.ValidationError as exc:
         raise ConfigError(str(exc)) from None
+    from .decision import DecisionRuleError, check_prereg
+
+    try:
+        check_prereg(data, str(path))
+    except DecisionRuleError as exc:
+        raise ConfigError(str(exc)) from None
     return data
 
 

@@ -52,6 +52,13 @@ CONFOUNDS_SCHEMA = "specstudy.confounds/1"
 INHERITED_THREAD_VARS = frozenset({"OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"})
 
+#: Set in every server's environment (local process and container EDF) unless the engine config's ``env``
+#: (or the container's EDF / env_file) sets them: NVLink SHARP / multicast off for NCCL, torch symmetric
+#: memory and NVSHMEM. Multicast set-up fails or hangs on lent multi-GPU hosts and GH200 nodes whose
+#: fabric manager or driver does not offer it (issue #19); a job environment that lacks them is the norm.
+SERVER_ENV_DEFAULTS: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                       "NVSHMEM_DISABLE_NVLS": "1"}
+
 ENGINE_DEFAULTS: dict[str, Any] = {
     "backend": "local",
     "python": None,  # local: interpreter with vLLM (default: the harness's own); container: "python3"
@@ -73,6 +80,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "stop_grace_s": 30,
     "idle_timeout_s": None,
     "server_lock": None,
+    "cache_root": None,  # VLLM_CACHE_ROOT shared by all deployments of a study (torch.compile cache)
 }
 
 
@@ -231,6 +239,10 @@ def engine_settings(engine_cfg: dict) -> dict:
         raise ConfigError(f"engine config: field 'backend' is {cfg['backend']!r}; use 'local' or 'container'")
     if not isinstance(cfg.get("extra_args") or [], list):
         raise ConfigError("engine config: field 'extra_args' must be a list of strings (one argument per item)")
+    env_root = (cfg.get("env") or {}).get("VLLM_CACHE_ROOT")
+    if cfg.get("cache_root") and env_root and str(Path(env_root)) != str(Path(cfg["cache_root"])):
+        raise ConfigError(f"engine config: 'server.cache_root' ({cfg['cache_root']}) and 'server.env.VLLM_CACHE_ROOT' "
+                          f"({env_root}) disagree; set only one of them")
     for forbidden in ("--speculative-config", "--speculative_config", "--port", "--served-model-name"):
         for arg in cfg.get("extra_args") or []:
             if str(arg).split("=", 1)[0] == forbidden or str(arg).startswith(forbidden + "."):
@@ -314,6 +326,7 @@ class Server:
     ready_at: str | None = None
     stopped_at: str | None = None
     stop_report: dict | None = None
+    launch_info: dict = field(default_factory=dict)  # environment the launcher added, compile cache at launch
     _reader: threading.Thread | None = None
     _lock_fh: Any = None
     _stop_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -451,6 +464,36 @@ def _acquire_lock(path: str | None, timeout_s: float):
             time.sleep(1)
 
 
+def launcher_env(cfg: dict, configured: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables the launcher adds to the server's environment: :data:`SERVER_ENV_DEFAULTS` and, with
+    ``cache_root``, ``VLLM_CACHE_ROOT`` (absolute). Keys the config sets (``configured``: the engine
+    config's ``env``, plus the EDF/env_file for a container) are left to the config."""
+    configured = dict(cfg.get("env") or {}) if configured is None else configured
+    out = {k: v for k, v in SERVER_ENV_DEFAULTS.items() if k not in configured}
+    if cfg.get("cache_root") and "VLLM_CACHE_ROOT" not in configured:
+        out["VLLM_CACHE_ROOT"] = str(Path(os.path.expandvars(str(cfg["cache_root"]))).expanduser().absolute())
+    return out
+
+
+def compile_cache_state(root: str | os.PathLike | None, source: str, max_files: int = 10000) -> dict:
+    """Whether vLLM's cache root (torch.compile artifacts) held anything when the server was launched.
+
+    ``cold``: absent or empty; ``warm``: at least one file; ``unknown``: the root is not visible here
+    (a container without ``cache_root``). Whether the engine then *hit* its cache is in the launch
+    log's confounds (``compilation.compile_cache``).
+    """
+    if root is None:
+        return {"root": None, "source": source, "state": "unknown", "files": None}
+    p = Path(root)
+    n = 0
+    if p.is_dir():
+        for _dirpath, _dirs, files in os.walk(p):
+            n += len(files)
+            if n >= max_files:
+                break
+    return {"root": str(p), "source": source, "state": "warm" if n else "cold", "files": n}
+
+
 class LocalProcessBackend:
     """Start the vLLM argument list as a local child in its own process group (embedded default)."""
 
@@ -462,14 +505,27 @@ class LocalProcessBackend:
     def wrap(self, argv: list[str], attempt_dir: Path | None = None) -> list[str]:
         return list(argv)
 
+    def added_env(self) -> dict[str, str]:
+        """What the launcher adds to the server's environment (recorded in the provenance)."""
+        return launcher_env(self.cfg)
+
     def environment(self) -> dict[str, str]:
         # Snakemake exports its job's thread count (OMP_NUM_THREADS, MKL_NUM_THREADS, ...) to every
         # job; inherited by the server they oversubscribe vLLM's own pinned threads (seen here: 50x
         # slower decoding). The server's threading comes only from the engine config.
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
+        env.update(self.added_env())  # over the job's values: the config, not the job, decides
         env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    def cache_state(self, env: dict[str, str]) -> dict:
+        if self.cfg.get("cache_root"):
+            return compile_cache_state(env["VLLM_CACHE_ROOT"], "engine.server.cache_root")
+        if env.get("VLLM_CACHE_ROOT"):
+            return compile_cache_state(env["VLLM_CACHE_ROOT"], "environment")
+        xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return compile_cache_state(os.path.join(xdg, "vllm"), "vLLM default")
 
     def describe(self, attempt_dir: Path | None = None) -> dict:
         return {"kind": self.kind, "python": self.cfg.get("python") or sys.executable}
@@ -480,6 +536,9 @@ class LocalProcessBackend:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full = self.wrap(argv, Path(attempt_dir) if attempt_dir else log_path.parent)
         env = self.environment()
+        launch_info = {"added_env": self.added_env(), "compile_cache": self.cache_state(env)}
+        if self.cfg.get("cache_root"):
+            Path(launch_info["compile_cache"]["root"]).mkdir(parents=True, exist_ok=True)
         secrets = secret_values(self.cfg, {k: v for k, v in env.items() if k in (self.cfg.get("env") or {})})
         lock_fh = _acquire_lock(self.cfg.get("server_lock"), float(self.cfg.get("readiness_timeout_s") or 900))
         log_fh = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the pump thread
@@ -504,7 +563,7 @@ class LocalProcessBackend:
         return Server(proc=proc, log_path=log_path, base_url=f"http://{host}:{int(port)}",
                       served_model_name=served_model_name, command=full,
                       record_command=redact_argv(full, secrets), secrets=secrets,
-                      api_key=self.cfg.get("api_key"), _reader=reader, _lock_fh=lock_fh)
+                      api_key=self.cfg.get("api_key"), launch_info=launch_info, _reader=reader, _lock_fh=lock_fh)
 
 
 class ContainerBackend(LocalProcessBackend):
@@ -547,9 +606,7 @@ class ContainerBackend(LocalProcessBackend):
                 mounts.append(spec)
         if mounts:
             base["mounts"] = mounts
-        env = dict(base.get("env") or {})
-        env.update(self.env_file_vars())
-        env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
+        env, _added = self._edf_env(base)
         if env:
             base["env"] = env
         if self.container.get("workdir"):
@@ -570,11 +627,38 @@ class ContainerBackend(LocalProcessBackend):
         srun += [str(a) for a in self.container.get("srun_args") or []]
         return srun + list(argv)
 
+    def _edf_env(self, base: dict) -> tuple[dict[str, str], dict[str, str]]:
+        """The EDF's [env]: base EDF, env_file, engine env (in that order), plus what the launcher adds."""
+        configured = {str(k): str(v) for k, v in (base.get("env") or {}).items()}
+        configured.update(self.env_file_vars())
+        configured.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
+        added = launcher_env(self.cfg, configured)
+        if self.cfg.get("cache_root"):  # the study's cache root wins over a base EDF's / env_file's default
+            added["VLLM_CACHE_ROOT"] = launcher_env(self.cfg, {})["VLLM_CACHE_ROOT"]
+        env = dict(configured)
+        env.update(added)
+        return env, added
+
+    def added_env(self) -> dict[str, str]:
+        import tomllib
+
+        base: dict = {}
+        if self.container.get("edf"):
+            with open(_resolve(self.container["edf"]), "rb") as fh:
+                base = tomllib.load(fh)
+        return self._edf_env(base)[1]
+
     def environment(self) -> dict[str, str]:
         # the container's env comes from the EDF; srun itself needs the job env (minus its thread counts)
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    def cache_state(self, env: dict[str, str]) -> dict:
+        root = (self.edf().get("env") or {}).get("VLLM_CACHE_ROOT")
+        if self.cfg.get("cache_root"):
+            return compile_cache_state(root, "engine.server.cache_root")
+        return compile_cache_state(None, f"container ({root or 'vLLM default'}; not inspected from the host)")
 
     def describe(self, attempt_dir: Path | None = None) -> dict:
         edf = self.edf()
@@ -900,8 +984,15 @@ def parse_launch_log(text: str) -> dict:
         "scheduled_tokens_reduced": None,
         "kv_cache": {"device": None, "tokens": None, "max_concurrency": None, "tokens_per_request": None,
                      "available_memory_gib": None},
-        "model_loading": {"memory_gib": None, "seconds": None, "weights_seconds": None},
+        "model_loading": {"memory_gib": None, "seconds": None, "weights_seconds": None, "weights_loads": 0,
+                          "weights_seconds_each": [], "includes_draft": None},
         "engine_init_seconds": None,
+        "tensor_parallel_size": None,
+        "draft_tensor_parallel_size": None,
+        "attention_backend": {"name": None, "candidates": None, "flash_attn_version": None},
+        "compilation": {"torch_compile": None, "torch_compile_seconds": None, "torch_compile_seconds_each": [],
+                        "engine_init_compilation_seconds": None, "compile_cache": None, "cache_dirs": [],
+                        "cuda_graphs": None, "graph_capture_seconds": None, "graph_capture_memory_gib": None},
         "model_runner": None,
         "enforce_eager": None,
         "prefix_caching": None,
@@ -912,6 +1003,12 @@ def parse_launch_log(text: str) -> dict:
     }
     ev = c["evidence"]
     seen_warn = set()
+    # Per-worker lines (weights, torch.compile, graph capture) repeat once per TP worker: count one process.
+    per_proc: dict[str, dict[str, list]] = {}
+
+    def once(kind: str, meta: dict, value) -> None:
+        per_proc.setdefault(kind, {}).setdefault(meta.get("proc") or "", []).append(value)
+
     for raw in text.splitlines():
         msg, meta = _strip_prefix(raw)
         if not msg:
@@ -932,6 +1029,8 @@ def parse_launch_log(text: str) -> dict:
                 c["prefix_caching"] = mm.group(1) == "True"
             if (mm := re.search(r"enable_chunked_prefill=(True|False)", cfg)):
                 c["chunked_prefill"] = mm.group(1) == "True"
+            if (mm := re.search(r"(?<!draft_)tensor_parallel_size=(\d+)", cfg)):
+                c["tensor_parallel_size"] = int(mm.group(1))
         elif c["vllm_version"] is None and (m := re.search(r"version (\d+\.\d+\.\d+\S*)", msg)) and meta.get("src", "").startswith("api_utils"):
             c["vllm_version"] = m.group(1)
             ev["vllm_version"] = raw.strip()
@@ -966,6 +1065,7 @@ def parse_launch_log(text: str) -> dict:
             ev["kv_cache_concurrency"] = raw.strip()
         if (m := re.search(r"Available KV cache memory: " + _NUM + " GiB", msg)):
             c["kv_cache"]["available_memory_gib"] = float(m.group(1))
+            ev["kv_cache_memory"] = raw.strip()
         elif (m := re.search(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache", msg)):
             c["kv_cache"]["available_memory_gib"] = float(m.group(1))
             ev["kv_cache_memory"] = raw.strip()
@@ -973,16 +1073,49 @@ def parse_launch_log(text: str) -> dict:
             c["model_loading"].update(memory_gib=float(m.group(1)), seconds=float(m.group(2)))
             ev["model_loading"] = raw.strip()
         elif (m := re.search(r"Loading weights took " + _NUM + " seconds", msg)):
-            c["model_loading"]["weights_seconds"] = round((c["model_loading"]["weights_seconds"] or 0) + float(m.group(1)), 6)
+            once("weights", meta, float(m.group(1)))
+            if (meta.get("proc") or "") in (per_proc.get("drafter") or {}):  # the drafter's own weights
+                once("draft_weights", meta, float(m.group(1)))
             ev.setdefault("model_loading_weights", raw.strip())
-        if (m := re.search(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + " s", msg)):
+        if "Loading drafter model" in msg:
+            once("drafter", meta, True)
+            ev.setdefault("model_loading_draft", raw.strip())
+        if (m := re.search(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + r" s"
+                           r"(?: \(compilation: " + _NUM + r" s\))?", msg)):
             c["engine_init_seconds"] = float(m.group(1))
+            if m.group(2):
+                c["compilation"]["engine_init_compilation_seconds"] = float(m.group(2))
             ev["engine_init_seconds"] = raw.strip()
+        if (m := re.search(r"Using (\w+) attention backend(?: out of potential backends: \[([^\]]*)\])?", msg)):
+            c["attention_backend"]["name"] = m.group(1)
+            if m.group(2) is not None:
+                c["attention_backend"]["candidates"] = re.findall(r"'([^']+)'", m.group(2))
+            ev.setdefault("attention_backend", raw.strip())
+        if (m := re.search(r"Using FlashAttention version (\d+)", msg)):
+            c["attention_backend"]["flash_attn_version"] = int(m.group(1))
+            ev.setdefault("flash_attn_version", raw.strip())
+        if (m := re.search(r"torch\.compile took " + _NUM + r" s in total", msg)):
+            once("compile", meta, float(m.group(1)))
+            ev.setdefault("torch_compile", raw.strip())
+        if (m := re.search(r"Using cache directory: (\S+) for vLLM's torch\.compile", msg)):
+            once("cache_dir", meta, m.group(1))
+        if "Directly load AOT compilation from path" in msg or "Directly load the compiled graph" in msg:
+            once("aot_loaded", meta, True)
+            ev.setdefault("compile_cache", raw.strip())
+        elif "saved AOT compiled function" in msg or re.search(r"Compiling a graph for (?:compile range|dynamic shape)", msg):
+            once("aot_saved", meta, True)
+            ev.setdefault("compile_cache", raw.strip())
+        if (m := re.search(r"Graph capturing finished in " + _NUM + r" secs?, took " + _NUM + " GiB", msg)):
+            once("graphs", meta, (float(m.group(1)), float(m.group(2))))
+            ev.setdefault("graph_capture", raw.strip())
+        if "Enforce eager set, disabling torch.compile" in msg or "Cudagraph is disabled under eager mode" in msg:
+            c["compilation"]["torch_compile"] = c["compilation"]["torch_compile"] or False
+            c["compilation"]["cuda_graphs"] = c["compilation"]["cuda_graphs"] or False
         if (m := re.search(r"using the (V\d) model runner", msg)):
             c["model_runner"] = f"{m.group(1)}"
             ev["model_runner"] = raw.strip()
-        elif (m := re.search(r"Using (Model Runner V\d|V\d model runner)", msg, re.I)):
-            c["model_runner"] = m.group(1)
+        elif (m := re.search(r"Using (?:Model Runner (V\d)|(V\d) model runner)", msg, re.I)):
+            c["model_runner"] = (m.group(1) or m.group(2)).upper()
             ev["model_runner"] = raw.strip()
         if meta.get("src") and (m := re.match(r"(\w+_model_runner)\.py", meta["src"])) and c.get("_runner_module") is None:
             c["_runner_module"] = m.group(1)
@@ -991,6 +1124,9 @@ def parse_launch_log(text: str) -> dict:
             if key not in seen_warn and len(c["warnings"]) < 40:
                 seen_warn.add(key)
                 c["warnings"].append(msg[:300])
+    _finish_per_worker(c, per_proc)
+    if c["non_default_args"] and (m := re.search(r"'draft_tensor_parallel_size': (\d+)", c["non_default_args"])):
+        c["draft_tensor_parallel_size"] = int(m.group(1))
     if c["speculative_method"] is None and c["non_default_args"]:
         if (m := re.search(r"'speculative_config': \{[^{}]*'method': '([^']+)'", c["non_default_args"])):
             c["speculative_method"] = m.group(1)  # failed before the engine config was logged
@@ -1005,6 +1141,168 @@ def parse_launch_log(text: str) -> dict:
     if c["async_scheduling"]["method"] is None and c["async_scheduling"]["enabled"] is False:
         c["async_scheduling"]["method"] = c["speculative_method"]
     return c
+
+
+def _first_proc(per_proc: dict, kind: str) -> list:
+    """Values of one kind of per-worker line from one process: TP workers repeat the same line."""
+    procs = per_proc.get(kind) or {}
+    if not procs:
+        return []
+    for name in procs:  # prefer rank 0 where the workers are named (Worker_TP0)
+        if name.endswith("TP0") or name.endswith("-0"):
+            return procs[name]
+    return next(iter(procs.values()))
+
+
+def _finish_per_worker(c: dict, per_proc: dict) -> None:
+    ml, comp = c["model_loading"], c["compilation"]
+    weights = _first_proc(per_proc, "weights")
+    ml["weights_loads"] = len(weights)
+    ml["weights_seconds_each"] = weights
+    ml["weights_seconds"] = round(sum(weights), 6) if weights else None
+    # "Model loading took …" covers every model the runner loaded: the target and, for draft_model, the
+    # drafter ("Loading weights" after "Loading drafter model..."; ngram logs that line too but loads nothing).
+    if ml["memory_gib"] is not None or weights:
+        ml["includes_draft"] = bool(_first_proc(per_proc, "draft_weights"))
+    compiles = _first_proc(per_proc, "compile")
+    if compiles:
+        comp["torch_compile"] = True
+        comp["torch_compile_seconds_each"] = compiles
+        comp["torch_compile_seconds"] = round(sum(compiles), 6)
+    comp["cache_dirs"] = _first_proc(per_proc, "cache_dir")
+    loaded, saved = _first_proc(per_proc, "aot_loaded"), _first_proc(per_proc, "aot_saved")
+    if loaded or saved:
+        comp["compile_cache"] = "hit" if loaded and not saved else ("miss" if saved and not loaded else "partial")
+    graphs = _first_proc(per_proc, "graphs")
+    if graphs:
+        comp["cuda_graphs"] = True
+        comp["graph_capture_seconds"] = round(sum(g[0] for g in graphs), 6)
+        comp["graph_capture_memory_gib"] = round(sum(g[1] for g in graphs), 6)
+
+
+# --------------------------------------------------------------------------------------------------
+# Start-up phases
+# --------------------------------------------------------------------------------------------------
+STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+_LAUNCH_RE = re.compile(r"^# specstudy launch (\S+?):? ")
+
+
+def _parse_utc(stamp: str | None) -> datetime | None:
+    if not stamp:
+        return None
+    try:
+        dt = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _log_time(ts: str, year: int, offset_s: float) -> datetime:
+    """A vLLM ``MM-DD HH:MM:SS`` stamp (the server's local time, no year) as UTC."""
+    from datetime import timedelta
+
+    naive = datetime.strptime(f"{year}-{ts}", "%Y-%m-%d %H:%M:%S")
+    return naive.replace(tzinfo=UTC) - timedelta(seconds=offset_s)
+
+
+def startup_phases(log_text: str, *, launch: str | None = None, ready: str | None = None,
+                   cache: str | None = None, confounds: dict | None = None,
+                   utc_offsets_s: tuple[float, ...] | None = None) -> dict:
+    """Where a deployment's start-up time went, from the launch log and our own clock.
+
+    Boundaries: ``launch`` (our clock; default: the log's ``# specstudy launch <utc>`` line), the first
+    vLLM log line, the first engine-core line, "Model loading took", "init engine ... took", and
+    ``ready`` (our readiness time: models listed and one real completion). Phases, in seconds:
+
+    - ``import``: launch → first vLLM line (Python imports of the API server);
+    - ``api_server``: → first engine-core line (argument/config resolution, the engine process's imports);
+    - ``engine_start``: → start of model loading (device, distributed init);
+    - ``weights``: the engine's own "Model loading took X seconds" (target + draft);
+    - ``compile``, ``graph_capture``: the engine's own torch.compile and CUDA-graph capture durations
+      (0 when eager, null when not known);
+    - ``engine_init``: the rest of "init engine (profile, create kv cache, warmup model)";
+    - ``ready``: "init engine" line → our readiness (API server start, our readiness checks).
+
+    The phases add up to ``total_s`` = ready − launch. vLLM's timestamps have one-second resolution
+    (truncated) and no year or zone: the log's clock is aligned to ours by trying the harness's local
+    UTC offset and UTC (``log_clock``); each log boundary is uncertain by up to 1 s (``resolution_s``).
+    If neither alignment puts the first vLLM line between launch and ready, ``log_clock`` is
+    ``unaligned`` and the phases against our clock (``import``, ``ready``) are null.
+    ``cache``: the vLLM cache root at launch (cold | warm | unknown; provenance ``compile_cache``).
+    """
+    lines = log_text.splitlines()
+    if launch is None and lines and (m := _LAUNCH_RE.match(lines[0])):
+        launch = m.group(1)
+    t0, t_ready = _parse_utc(launch), _parse_utc(ready)
+    c = confounds or parse_launch_log(log_text)
+    first = core = loaded = init = None
+    for raw in lines:
+        _msg, meta = _strip_prefix(raw)
+        ts = meta.get("ts")
+        if not ts:
+            continue
+        first = first or ts
+        if core is None and (meta.get("proc") or "").startswith("EngineCore"):
+            core = ts
+        if loaded is None and "Model loading took" in raw:
+            loaded = ts
+        if init is None and "init engine (profile, create kv cache, warmup model) took" in raw:
+            init = ts
+    out: dict[str, Any] = {"phases": dict.fromkeys(STARTUP_PHASES), "total_s": None,
+                           "cache": cache if cache in ("cold", "warm") else "unknown", "launch": launch, "ready": ready,
+                           "log_clock": None, "resolution_s": 1.0,
+                           "boundaries": {"first_log_line": first, "engine_core": core, "model_loaded": loaded,
+                                          "engine_initialized": init}}
+    if t0 and t_ready:
+        out["total_s"] = round((t_ready - t0).total_seconds(), 3)
+    if first is None:
+        return out
+    year = (t0 or t_ready or datetime.now(UTC)).year
+    if utc_offsets_s is None:
+        local = datetime.now().astimezone().utcoffset()
+        utc_offsets_s = tuple(dict.fromkeys([local.total_seconds() if local else 0.0, 0.0]))
+    offset = None
+    for off in utc_offsets_s:
+        t_first = _log_time(first, year, off)
+        if t0 is not None and t_first.month < t0.month:  # launched on 12-31, logged on 01-01
+            t_first = _log_time(first, year + 1, off)
+        lo = (t0.timestamp() - 1.0) if t0 else None
+        hi = (t_ready.timestamp() + 1.0) if t_ready else (t0.timestamp() + 86400 if t0 else None)
+        if lo is None or (lo <= t_first.timestamp() <= hi):
+            offset = off
+            break
+    if offset is None:
+        out["log_clock"] = "unaligned"
+    else:
+        out["log_clock"] = "utc" if offset == 0 else f"utc{'+' if offset > 0 else '-'}{abs(offset) / 3600:g}h"
+
+    def at(ts):
+        if ts is None:
+            return None
+        y = year + (1 if t0 is not None and int(ts[:2]) < t0.month else 0)
+        return _log_time(ts, y, offset or 0.0)
+
+    def span(a, b):
+        return round((b - a).total_seconds(), 3) if a is not None and b is not None else None
+
+    T_first, T_core, T_loaded, T_init = at(first), at(core), at(loaded), at(init)
+    ph = out["phases"]
+    if offset is not None:
+        ph["import"] = span(t0, T_first)
+        ph["ready"] = span(T_init, t_ready)
+    ph["api_server"] = span(T_first, T_core)
+    weights = c["model_loading"]["seconds"]
+    ph["weights"] = weights
+    if T_loaded is not None and weights is not None:
+        ph["engine_start"] = round(span(T_core, T_loaded) - weights, 6) if T_core is not None else None
+    comp = c.get("compilation") or {}
+    eager = comp.get("torch_compile") is False
+    ph["compile"] = 0.0 if eager else comp.get("torch_compile_seconds")
+    ph["graph_capture"] = 0.0 if comp.get("cuda_graphs") is False or eager else comp.get("graph_capture_seconds")
+    if T_init is not None and T_loaded is not None:
+        rest = span(T_loaded, T_init) - (ph["compile"] or 0.0) - (ph["graph_capture"] or 0.0)
+        ph["engine_init"] = round(rest, 6)
+    return out
 
 
 def parse_cache_config_info(metrics_text: str) -> dict | None:
@@ -1219,13 +1517,12 @@ def model_info(path: str | os.PathLike | None) -> dict | None:
 def hardware_info() -> dict:
     import platform
 
-    out: dict[str, Any] = {"hostname": platform.node(), "gpus": None, "cpu": None}
-    smi = _run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total,clocks.max.sm,"
-                "clocks.sm,power.limit,power.default_limit", "--format=csv,noheader,nounits"], timeout=20)
-    if smi:
-        keys = ["index", "name", "uuid", "driver_version", "memory_total_mib", "clocks_max_sm_mhz", "clocks_sm_mhz",
-                "power_limit_w", "power_default_limit_w"]
-        out["gpus"] = [dict(zip(keys, [x.strip() for x in line.split(",")], strict=False)) for line in smi.splitlines()]
+    from specstudy.telemetry import gpu_inventory
+
+    out: dict[str, Any] = {"hostname": platform.node(), "gpus": None, "gpu": None, "cpu": None}
+    inv = gpu_inventory()  # NVML (nvidia-smi as fallback); no GPU: devices [] and the reason in 'error'
+    out["gpus"] = inv.pop("devices") or None
+    out["gpu"] = inv
     cpu_model = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -1294,6 +1591,10 @@ def collect_provenance(engine_cfg: dict, arm: dict, *, deployment_id: str, backe
         "bind_mounts": desc.get("mounts") or [],
         "command": cmd,
         "env": redact_env(env_cfg, secrets),
+        "launcher_env": redact_env(server.launch_info.get("added_env") or {} if server else backend.added_env(), secrets),
+        "compile_cache": (server.launch_info.get("compile_cache") if server else None),
+        "tensor_parallel_size": {"target": int(cfg.get("tensor_parallel_size") or 1),
+                                 "draft": arm.get("draft_tensor_parallel_size") if arm.get("method") == "draft_model" else None},
         "slurm": slurm_env(),
         "models": {"target": model_info(cfg.get("model")), "draft": model_info(cfg.get("draft_model")) if arm.get(
             "method") == "draft_model" else None, "tokenizer": str(cfg.get("tokenizer") or cfg.get("model"))},
@@ -1336,14 +1637,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 def deployment_record(*, deployment_id: str, phase: str, arm: dict, rep: int, status: str, command: list[str] | None,
                       provenance: dict | None, confounds: dict | None, cache_config: dict | None,
                       failure: dict | None = None, smoke: list[str] | None = None, cells: list[dict] | None = None,
-                      times: dict | None = None) -> dict:
+                      times: dict | None = None, startup: dict | None = None,
+                      tensor_parallel_size: dict | None = None) -> dict:
     """Assemble and validate ``deployment.json`` (schema ``deployment``)."""
     from specstudy import schemas
 
     record = {"schema": DEPLOYMENT_SCHEMA, "deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": int(rep),
               "status": status, "failure": failure, "command": command, "provenance": provenance,
               "confounds": confounds, "cache_config": cache_config, "smoke": {"captures": list(smoke or [])},
-              "cells": list(cells or []), "times": times or {"start": None, "ready": None, "stop": None}}
+              "cells": list(cells or []), "times": times or {"start": None, "ready": None, "stop": None},
+              "startup": startup, "tensor_parallel_size": tensor_parallel_size}
     schemas.validate(record, "deployment", f"deployment record {deployment_id}")
     return record
 
@@ -1516,11 +1819,20 @@ class Deployment:
 
     def record(self, *, cells: list[dict] | None = None, smoke: list[str] | None = None) -> dict:
         """The validated ``deployment.json`` content (the caller writes it atomically)."""
+        startup = None
+        log = self.server.log_path if self.server else None
+        if log and Path(log).exists():
+            startup = startup_phases(Path(log).read_text(encoding="utf-8", errors="replace"), ready=self.times()["ready"],
+                                     confounds=self.confounds,
+                                     cache=(self.server.launch_info.get("compile_cache") or {}).get("state"))
         return deployment_record(deployment_id=self.deployment_id, phase=self.phase, arm=self.arm, rep=self.rep,
                                  status="failed" if self.failure else "ok",
                                  command=self.server.record_command if self.server else None,
                                  provenance=self.provenance, confounds=self.confounds, cache_config=self.cache_config,
-                                 failure=self.failure, smoke=smoke, cells=cells, times=self.times())
+                                 failure=self.failure, smoke=smoke, cells=cells, times=self.times(), startup=startup,
+                                 tensor_parallel_size={"target": int(self.cfg.get("tensor_parallel_size") or 1),
+                                                       "draft": self.arm.get("draft_tensor_parallel_size")
+                                                       if self.arm["method"] == "draft_model" else None})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def engine_flat(engine: dict) -> dict:
         "readiness_timeout_s": server.get("ready_timeout_s", 900),
         "stop_grace_s": server.get("stop_grace_s", 30),
         "idle_timeout_s": server.get("idle_timeout_s"),
+        "cache_root": server.get("cache_root"),
         "api_key": os.environ.get(key_env) if key_env else None,
     }
     if engine.get("container"):
@@ -65,15 +66,32 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
     return out
 
 
+def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
+    """(measured, warm-up) request counts of a cell at ``concurrency``.
+
+    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
+    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
+    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
+    concurrency 1 long.
+    """
+    def pick(by_key: str, default_key: str) -> int:
+        by = settings.get(by_key) or {}
+        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
+        return int(settings[default_key] if value is None else value)
+
+    return pick("requests_by_concurrency", "requests"), pick("warmup_requests_by_concurrency", "warmup_requests")
+
+
 def _fingerprint(spec: dict, cell: dict, digest: str) -> str:
     from .cell import cell_fingerprint
 
     s = spec["cell_settings"]
     target = spec["engine"]["target"]
+    n_requests, n_warmup = request_counts(s, int(cell["concurrency"]))
     return cell_fingerprint({
         "arm": {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")},
         "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "corpus_digest": digest,
-        "requests": s["requests"], "warmup_requests": s["warmup_requests"], "temperature": s.get("temperature", 0.0),
+        "requests": n_requests, "warmup_requests": n_warmup, "temperature": s.get("temperature", 0.0),
         "seed": s.get("seed"), "model": target["path"], "max_model_len": target["max_model_len"],
         "server_args": spec["engine"].get("server", {}).get("extra_args"),
     })
@@ -114,6 +132,7 @@ def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
     return {"phase": spec["phase"], "arm": arm["name"], "method": arm["method"],
             "num_speculative_tokens": arm.get("num_speculative_tokens"),
             "draft_tensor_parallel_size": arm.get("draft_tensor_parallel_size"),
+            "tensor_parallel_size": int(spec["engine"]["target"].get("tensor_parallel_size") or 1),
             "rep": _rep_number(spec["rep"]), "rep_label": spec["rep"], "kind": spec["kind"],
             "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "deployment_id": deployment_id}
 
@@ -192,7 +211,10 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     smoke_prompts = corpusmod.load_prompts(spec["smoke_corpus_dir"])
     smoke_corpus = _corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json"))
     times = {"start": deploy.utcnow(), "ready": None, "stop": None}
-    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": _rep_number(rep), "rep_label": rep}
+    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": _rep_number(rep), "rep_label": rep,
+                   "tensor_parallel_size": {"target": int(eng.get("tensor_parallel_size") or 1),
+                                            "draft": arm.get("draft_tensor_parallel_size") if arm["method"] == "draft_model"
+                                            else None}}
 
     if not need_server:
         log("no cell to measure (all reused or refused); no server started")
@@ -207,6 +229,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     server = None
     watchdog = None
     status, failure, command, provenance, confounds, cache_config, captures = "ok", None, None, None, None, None, []
+    startup = None
     exit_code = 0
     served = spec["engine"]["target"]["served_model_name"]
     with deploy.stop_on_signals(lambda: server, grace_s=float(eng["stop_grace_s"])):
@@ -245,8 +268,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     c = e["cell"]
                     cdir = attempt / _cell_rel(c)
                     prompts = corpusmod.load_prompts(c["corpus_dir"])
-                    reqs = _request_specs(prompts, int(settings["requests"]), c["workload"])
-                    warm = _request_specs(prompts, int(settings["warmup_requests"]), c["workload"])
+                    n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
+                    reqs = _request_specs(prompts, n_requests, c["workload"])
+                    warm = _request_specs(prompts, n_warmup, c["workload"])
                     if server.exited() is not None:
                         write_failed(e, "deployment_failed", f"server exited with code {server.exited()} before this cell")
                         continue
@@ -286,6 +310,11 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
             log_path = attempt / "launch.log"
             log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
             confounds = deploy.parse_launch_log(log_text) if log_text else None
+            startup = None
+            if log_text:
+                info = getattr(server, "launch_info", None) or {}
+                startup = deploy.startup_phases(log_text, ready=times["ready"], confounds=confounds,
+                                                cache=(info.get("compile_cache") or {}).get("state"))
             try:
                 provenance = deploy.collect_provenance(eng, arm, deployment_id=deployment_id, server=server, command=command,
                                                        corpus={"smoke": smoke_corpus,
@@ -310,7 +339,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 write_failed(e, "deployment_failed", f"deployment {deployment_id} failed at {failure['stage']}: "
                              f"{failure.get('reason')} (see {fpath})")
     rec = dict(record_base, schema="specstudy.deployment/1", status=status, failure=failure, command=command, provenance=provenance,
-               confounds=confounds, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
+               confounds=confounds, startup=startup, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
                times=times, prereg_sha256=lock.get("sha256"), kind=spec["kind"], block=spec.get("block"),
                order=spec.get("order"))
     if status != "ok" and previous is not None and not captures:

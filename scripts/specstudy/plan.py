@@ -6,7 +6,9 @@ Design (recorded in ``plan.json`` with its seed):
 - Deployments: ``repeats`` rounds; in every round each arm is deployed once (a randomized complete
   block design): the arms' order inside a round is a seeded random permutation, so no arm is
   systematically first or last. Rounds are assigned to ``blocks`` (node/date blocks, a nuisance
-  factor) round-robin; each block gets ``drift_baselines_per_block`` extra baseline deployments
+  factor) round-robin; in confirmation, rounds 1..``repeats`` always run and rounds up to the
+  pre-registered cap ``max_repeats`` are planned but run only when the checkpoint after the round
+  before asks for them (``adaptive: true``; placed after the block's drift baselines); each block gets ``drift_baselines_per_block`` extra baseline deployments
   (``drift<n>``) running one drift cell, placed at the block's end, to detect drift over time.
 - Cells inside a deployment: a seeded shuffle of (workload × concurrency), then rotated by the
   arm's repeat index (a Latin-square rotation), so each cell occupies each position equally
@@ -99,7 +101,12 @@ def phase_design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
     if phase == "screen":
         return {"concurrency": list(cfg["screen"]["concurrency"]), "repeats": int(cfg["screen"]["repeats"])}
     prereg = prereg if prereg is not None else load_prereg(cfg)
-    return {"concurrency": list(prereg["confirmation"]["concurrency"]), "repeats": int(prereg["confirmation"]["repeats"])}
+    conf = prereg["confirmation"]
+    initial = int(conf["repeats"])
+    cap = int((conf.get("stopping") or {}).get("max_repeats", initial))
+    # The plan holds every round up to the pre-registered cap; rounds after `repeats` run only when
+    # the checkpoint of the round before asks for them (docs/report.md: adaptive confirmation).
+    return {"concurrency": list(conf["concurrency"]), "repeats": initial, "max_repeats": max(cap, initial)}
 
 
 def cell_order(cfg: dict, phase: str, arm: str, rep_index: int, workloads: list[str], concurrency: list[int]) -> list[dict]:
@@ -136,19 +143,29 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     deployments: list[dict] = []
     names = [a["name"] for a in chosen]
     by_block: dict[int, list[dict]] = {b: [] for b in range(1, blocks + 1)}
-    for r in range(1, design["repeats"] + 1):
+    initial = int(design["repeats"])
+    cap = int(design.get("max_repeats", initial))
+
+    def add_round(r: int) -> None:
         order = list(names)
         _rng(seed, phase, "round", r).shuffle(order)
         block = (r - 1) % blocks + 1
         for name in order:
             by_block[block].append({"phase": phase, "arm": name, "rep": f"rep{r}", "kind": "repeat", "round": r, "block": block,
+                                    "adaptive": r > initial,
                                     "cells": cell_order(cfg, phase, name, r - 1, workloads, design["concurrency"])})
+
+    for r in range(1, initial + 1):
+        add_round(r)
     drift_counter = 0
     for block in range(1, blocks + 1):
         for _ in range(drift_n if "baseline" in names else 0):
             drift_counter += 1
             by_block[block].append({"phase": phase, "arm": "baseline", "rep": f"drift{drift_counter}", "kind": "drift",
-                                    "round": None, "block": block, "cells": [dict(drift_cell)]})
+                                    "round": None, "block": block, "adaptive": False, "cells": [dict(drift_cell)]})
+    # Adaptive rounds come after the drift baselines so that nothing always-run waits for a round that may not run.
+    for r in range(initial + 1, cap + 1):
+        add_round(r)
     for block in range(1, blocks + 1):
         for i, dep in enumerate(by_block[block]):
             dep["position_in_block"] = i
@@ -160,7 +177,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
         "schema": "specstudy.plan/1",
         "phase": phase,
         "seed": seed,
-        "design": {**design, "workloads": workloads, "blocks": blocks, "drift_baselines_per_block": drift_n,
+        "design": {**design, "max_repeats": cap, "workloads": workloads, "blocks": blocks, "drift_baselines_per_block": drift_n,
                    "drift_cell": drift_cell, "deployment_order": "randomized complete blocks (one of each arm per round)",
                    "cell_order": "seeded shuffle, Latin-square rotation by repeat index"},
         "arms": [{k: v for k, v in a.items() if k not in ("servable",)} for a in chosen],

@@ -343,6 +343,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     # --- recommendation
     B.append(("h", 2, "Recommendation"))
     patches = _recommendation_section(B, rec, deps, s, out)
+    _decision_evidence_section(B, rec, results)
 
     # --- results tables
     for phase in ("confirm", "screen"):
@@ -392,6 +393,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _selection_section(B, sel)
     _corpus_section(B, results)
     _validity_section(B, cells, deps, comps)
+    _gpu_section(B, cells, deps)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
     _model_section(B, model)
@@ -456,6 +458,91 @@ def _capacity_section(B, results: Path, out: Path) -> None:
             B.append(("img", f"plots/capacity-{arm}.png", f"capacity search, {arm}: achieved rate and latency vs offered rate"))
 
 
+def _median(vals: list) -> float | None:
+    import numpy as np
+
+    vals = [v for v in vals if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+STARTUP_COLS = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+
+
+def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
+    """GPU telemetry per arm, start-up phases per deployment, memory/KV cost per arm (docs/report.md)."""
+    B.append(("h", 2, "GPU, start-up and memory"))
+    B.append(("h", 3, "GPU telemetry (NVML, measurement windows)"))
+    gpu_cells = [c for c in cells if c.get("gpu_count")]
+    if not gpu_cells:
+        B.append(("p", "No GPU telemetry (CPU run): no cell recorded NVML or nvidia-smi series."))
+    else:
+        B.append(("p", "Per GPU: mean = mean over the deployment's GPUs of each GPU's mean over the measurement "
+                       "window, then the median over the arm's cells; max = the largest value any GPU reached in "
+                       "any of the arm's cells."))
+        rows = []
+        for (phase, arm), cs in sorted(_group(gpu_cells, ("phase", "arm")).items()):
+            rows.append([phase, arm, len(cs), "/".join(sorted({str(c.get("gpu_telemetry_source")) for c in cs})),
+                         _f(max(c["gpu_count"] for c in cs), "{:.0f}"),
+                         _f(_median([c.get("gpu_memory_used_mib_mean") for c in cs]), "{:,.0f}"),
+                         _f(max((c.get("gpu_memory_used_mib_max") or 0) for c in cs) or None, "{:,.0f}"),
+                         _f(_median([c.get("gpu_utilization_pct_mean") for c in cs]), "{:.1f}"),
+                         _f(_median([c.get("gpu_power_w_mean") for c in cs]), "{:.0f}"),
+                         _f(max((c.get("gpu_power_w_max") or 0) for c in cs) or None, "{:.0f}"),
+                         _f(_median([c.get("gpu_sm_clock_mhz_mean") for c in cs]), "{:.0f}"),
+                         _f(max((c.get("gpu_temperature_c_max") or 0) for c in cs) or None, "{:.0f}")])
+        B.append(("table", ["phase", "arm", "cells", "source", "GPUs", "memory used MiB (mean)", "memory used MiB (max)",
+                            "util % (mean)", "power W (mean)", "power W (max)", "SM clock MHz (mean)",
+                            "temperature °C (max)"], rows))
+
+    B.append(("h", 3, "Start-up per deployment"))
+    with_startup = [d for d in deps if d.get("startup_total_s") is not None
+                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_COLS)]
+    if not with_startup:
+        B.append(("p", "No start-up phases recorded (no deployment record carries `startup`)."))
+    else:
+        B.append(("p", "Seconds from our launch to our readiness check, split at the engine's log lines "
+                       "(1 s resolution; compile and graph capture are the engine's own figures; docs/deployments.md). "
+                       "Cache: the vLLM cache root at launch (cold = empty). Start share / measure share: start-up and "
+                       "measured cells as fractions of the deployment's whole time (start to stop)."))
+        rows = []
+        for d in sorted(with_startup, key=lambda d: (d.get("start_unix") or 0, d.get("deployment_id") or "")):
+            rows.append([d.get("deployment_id"), d.get("arm"), d.get("rep"), d.get("startup_cache") or "–",
+                         d.get("compile_cache") or "–", _f(d.get("startup_total_s"), "{:.1f}")]
+                        + [_f(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_COLS]
+                        + [_f(d.get("startup_share"), "{:.0%}"), _f(d.get("measuring_share"), "{:.0%}")])
+        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_COLS)
+                  + ["start share", "measure share"], rows))
+
+    B.append(("h", 3, "Memory and KV cost per arm"))
+    ok = [d for d in deps if d.get("status") != "failed"]
+    if not ok:
+        B.append(("p", "No successful deployment."))
+        return
+    gpu_by_arm = _group(gpu_cells, ("arm",))
+    rows = []
+    for (arm,), ds in sorted(_group(ok, ("arm",)).items()):
+        gc = gpu_by_arm.get((arm,), [])
+        rows.append([arm, _f(_median([d.get("tensor_parallel_size") for d in ds]), "{:.0f}"),
+                     _f(_median([d.get("model_loading_gib") for d in ds]), "{:.2f}"),
+                     _f(_median([d.get("kv_available_gib") for d in ds]), "{:.2f}"),
+                     _f(_median([d.get("kv_log_tokens") for d in ds]), "{:,.0f}"),
+                     _f(_median([d.get("kv_cache_tokens") for d in ds]), "{:,.0f}"),
+                     _f(max((c.get("gpu_memory_used_mib_max") or 0) for c in gc) or None, "{:,.0f}") if gc
+                     else "no GPU telemetry"])
+    B.append(("p", "Medians over the arm's deployments: weights loaded (target and, for draft arms, the draft), the "
+                   "memory left for the KV cache and its token capacity (engine log; and from /metrics "
+                   "cache_config where scraped); NVML: the most memory any GPU used in any of the arm's cells."))
+    B.append(("table", ["arm", "TP", "model loading GiB", "available KV GiB", "KV tokens (log)", "KV tokens (metrics)",
+                        "GPU memory used MiB (max)"], rows))
+
+
+def _group(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return out
+
+
 def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
     import numpy as np
 
@@ -473,26 +560,58 @@ def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
 
 
 def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
-    from specstudy import atomic, stats
+    from specstudy import atomic, decision, stats
 
     r = s["recommendation"]
+    rule = rec.get("rule") or {}
     B.append(("p", f"Decision: {rec['decision']}" + (f" — enable {rec['enable']}" if rec.get("enable") else "")
-                   + f" (evaluated on the {rec['phase']} phase; min gain {r['min_gain']:.0%}, material "
-                     f"regression {r['max_regression']:.0%}; "
+                   + f" (evaluated on the {rec['phase']} phase; gain shown: interval above {1 + rec['min_gain']:.2f}; "
+                     f"material regression: {rec['max_regression']:.0%}; "
                    + ("traffic routed by workload" if rec["route_by_workload"]
                       else "single deployment: the declared traffic mixture is evaluated") + ")."))
+    stab = rec.get("stability") or {}
+    if stab:
+        B.append(("p", f"Stability: {decision.format_outcomes(stab)} ({stab.get('resamples', 0)} bootstrap resamples of "
+                       f"the {stab.get('rounds', 0)} rounds; the whole rule recomputed on each)."))
+    if rule:
+        B.append(("p", f"Rule ({rule.get('source')}): intervals of the geometric-mean speedup (t on per-round log ratios) "
+                       f"at {rule.get('look_confidence', 0):.4f} per look = {rule.get('confidence', 0):.0%} "
+                       + (f"Bonferroni-corrected over {rule.get('looks')} possible looks "
+                          f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')})"
+                          if rule.get("correction") == "bonferroni" else f"without a correction for looks ({rule.get('looks')})")
+                       + f"; non-inferiority required on {rule.get('non_inferiority_on')}. Verdicts: gain (interval "
+                         f"above {1 + rec['min_gain']:.2f}), regression (below {1 - rec['max_regression']:.2f}), "
+                         f"non-inferior (above {1 - rec['max_regression']:.2f}), otherwise inconclusive."))
+        if rule.get("notes"):
+            B.append(("ul", rule["notes"]))
     if rec.get("missing"):
         B.append(("ul", rec["missing"]))
+    if rec.get("undecided"):
+        B.append(("p", "Inconclusive cells blocking the decision (extra rounds expected to settle each, if its mean "
+                       "and SD stay as observed):"))
+        B.append(("ul", [f"{u['arm']} {u['what']}: {u['verdict']} [{_f(u['lo'])}, {_f(u['hi'])}] after {u['n']} rounds — "
+                         f"{u['why']}; " + (f"≈ {u['extra_repeats']} more round(s)" if u.get("extra_repeats")
+                                            else "not settled within 100 more rounds (effect at the margin)")
+                         for u in rec["undecided"]]))
     rows = []
     for c in rec["candidates"]:
         if rec["route_by_workload"]:
             detail = "; ".join(f"{w}: {'enable' if v['enable'] else 'no'} ({', '.join(v['statuses'])})"
                                for w, v in c["workloads"].items())
         else:
-            detail = "; ".join(f"mix@c{cc}: {m['status']} {_ci(m['speedup'])}" for cc, m in c["mixture"].items())
+            detail = "; ".join(f"{k}: {m['verdict']} [{_f(m['lo'])}, {_f(m['hi'])}]" for k, m in c["mixture"].items())
         rows.append([c["arm"], c["gate_verdict"], "yes" if c.get("enable") else "no", detail,
                      "; ".join(c["blockers"]) or "–"])
-    B.append(("table", ["candidate", "gate", "enable", "evidence", "blockers"], rows))
+    B.append(("table", ["candidate", "gate", "enable", "traffic mixture", "blockers"], rows))
+    cell_rows = []
+    for c in rec["candidates"]:
+        for k, j in (c.get("cells") or {}).items():
+            cell_rows.append([c["arm"], k, j["n"], _f(j["geomean"]), f"[{_f(j['lo'])}, {_f(j['hi'])}]", j["verdict"],
+                              j["extra_repeats"] if j.get("extra_repeats") else "–"])
+    if cell_rows:
+        B.append(("p", "Per-cell verdicts (speedup = arm ÷ baseline output tokens/s, paired by round):"))
+        B.append(("table", ["candidate", "cell", "rounds", "geomean", "interval", "verdict", "extra rounds to settle"],
+                  cell_rows))
     targets = ({w: a for w, a in rec["per_workload"].items() if a} if rec["route_by_workload"]
                else ({"all": rec["enable"]} if rec.get("enable") else {}))
     patches = {}
@@ -517,6 +636,37 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
     return patches
 
 
+def _decision_evidence_section(B, rec, results: Path) -> None:
+    """Rounds run (the checkpoints' records) and the cells that drive the decision's stability."""
+    rounds = []
+    for p in sorted((results / "confirm" / "rounds").glob("round*.json"), key=lambda p: int(p.stem[5:] or 0)):
+        st = _load(p)
+        if isinstance(st, dict):
+            rounds.append(st)
+    if rounds:
+        B.append(("p", "Adaptive confirmation — rounds run and why (one checkpoint per round, "
+                       "results/confirm/rounds/round<n>.json):"))
+        B.append(("table", ["after round", "decision at checkpoint", "next", "why", "stability at checkpoint"],
+                  [[st.get("round"), st.get("decision"), "one more round" if st.get("continue") else "stop",
+                    st.get("why"), _stab_short(st.get("stability"))] for st in rounds]))
+    elif rec.get("phase") == "confirm":
+        B.append(("p", "Rounds: no checkpoint records under results/confirm/rounds/ (confirmation not run by the "
+                       "workflow)."))
+    drivers = (rec.get("stability") or {}).get("drivers") or []
+    if drivers:
+        B.append(("p", "Cells that drive the decision's stability (share of resamples in which the cell's verdict "
+                       "differs from the observed one, overall and among resamples whose decision differs):"))
+        B.append(("table", ["candidate", "cell", "observed verdict", "verdict flips", "flips when the decision changes"],
+                  [[d["arm"], d["cell"], d["observed"], f"{d['flip_rate']:.0%}",
+                    f"{d['flip_rate_when_decision_changes']:.0%}"] for d in drivers]))
+
+
+def _stab_short(stab) -> str:
+    from specstudy import decision
+
+    return decision.format_outcomes(stab) if isinstance(stab, dict) else "–"
+
+
 def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     B.append(("h", 2, "Candidates: where each wins or loses, cost, gate, confounds"))
     gate_by = {(g["phase"], g["arm"]): g for g in gates}
@@ -525,11 +675,13 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     for c in rec["candidates"]:
         arm = c["arm"]
         B.append(("h", 3, arm))
-        wins = [k for k, v in c["status"].items() if v == "win"]
-        loses = [k for k, v in c["status"].items() if v == "regression"]
-        B.append(("ul", [f"wins (repeatable gain): {', '.join(wins) or 'none'}",
-                         f"loses (material regression): {', '.join(loses) or 'none'}",
-                         f"neutral/missing: {', '.join(k for k, v in c['status'].items() if v in ('neutral', 'missing')) or 'none'}",
+        def having(*verdicts, st=c["status"]):
+            return ", ".join(k for k, v in st.items() if v in verdicts) or "none"
+
+        B.append(("ul", [f"gain shown: {having('gain')}",
+                         f"regression shown: {having('regression')}",
+                         f"non-inferior: {having('non_inferior')}",
+                         f"inconclusive/missing: {having('inconclusive', 'missing')}",
                          f"KV capacity: {_f((memr.get(arm) or {}).get('kv_cache_tokens'), '{:.0f}')} tokens; "
                          f"lost vs baseline: {_f(mem.get(arm), '{:.1%}')}; "
                          f"median init time {_f((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
@@ -649,18 +801,21 @@ def _model_section(B, model):
 
 
 def _method_section(B, s):
-    from specstudy import stats
+    from specstudy import simulate
 
     a = s["analysis"]
     B.append(("h", 2, "Statistical method"))
-    cov = {(n, m): stats.coverage_simulation(n, m, sims=300) for n in (3, 5) for m in ("t_log", "bootstrap_percentile")}
+    methods = ("t_log", "bootstrap_percentile", "bootstrap_bca")
+    cov = simulate.coverage_table(ns=(3, 5), methods=methods, sims=300, seed=7)
     B.append(("p", "The independent unit is the deployment repeat. Arm repeat r is paired with the baseline repeat r "
                    "of the same phase, workload and concurrency. Interval: "
                    f"{a['ci_method']} at {a['confidence']:.0%} on the geometric mean of per-repeat ratios; the bootstrap "
                    "(exact enumeration for n ≤ 6, BCa falling back to percentile) is shown in recommendation.json. "
-                   "Simulated coverage of a known effect (300 simulated studies, log-normal noise):"))
-    B.append(("table", ["repeats", "t interval on log ratios", "percentile bootstrap"],
-              [[n, _f(cov[(n, "t_log")], "{:.2f}"), _f(cov[(n, "bootstrap_percentile")], "{:.2f}")] for n in (3, 5)]))
+                   "Simulated coverage of a known effect under four deployment-effect scenarios (300 simulated "
+                   "studies for t, 150 for the bootstraps; scenarios: "
+                   + "; ".join(f"{k}: {v}" for k, v in simulate.SCENARIOS.items()) + "):"))
+    B.append(("table", ["scenario", "repeats", "t interval on log ratios", "percentile bootstrap", "BCa bootstrap"],
+              [[r["scenario"], r["n"]] + [_f(r[m], "{:.2f}") for m in methods] for r in cov]))
 
 
 def _cmd_report(args) -> int:

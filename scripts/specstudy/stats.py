@@ -35,6 +35,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "drift_alpha": 0.05,
         "drift_min_fraction": 0.02,
         "hypothesis_phase": "screen",
+        "stability_resamples": 500,  # bootstrap resamples of the rounds for the decision's stability
     },
     "recommendation": {
         "phase": "confirm",
@@ -178,21 +179,16 @@ def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resampl
 
 
 def coverage_simulation(n: int, method: str = "t_log", sims: int = 2000, sigma: float = 0.05,
-                        true_effect: float = 1.1, confidence: float = 0.95, seed: int = 7) -> float:
-    """Share of simulated studies (n log-normal repeats around ``true_effect``) whose interval covers it."""
-    import numpy as np
+                        true_effect: float = 1.1, confidence: float = 0.95, seed: int = 7,
+                        scenario: str = "lognormal") -> float:
+    """Share of simulated studies (n deployments around ``true_effect``) whose interval covers it.
 
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(sims):
-        vals = true_effect * np.exp(rng.normal(0.0, sigma, size=n))
-        if method == "t_log":
-            ci = t_log_interval(vals, confidence)
-        else:
-            ci, _ = bootstrap_interval(vals, confidence, "bca" if method == "bootstrap_bca" else "percentile")
-        if ci and ci[0] <= true_effect <= ci[1]:
-            hits += 1
-    return hits / sims
+    ``scenario``: the deployment-effect distribution (:data:`specstudy.simulate.SCENARIOS`: log-normal,
+    skewed, heavy-tailed, an outlying deployment), shared with the decision rule's simulation.
+    """
+    from .simulate import coverage
+
+    return coverage(n, method, scenario, sims, sigma, true_effect, confidence, seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,15 +581,12 @@ def hypotheses(comps: list[dict], deployments, config: dict | None = None, model
 # Recommendation (pure)
 # ---------------------------------------------------------------------------------------------
 def cell_status(comp: dict, min_gain: float, max_regression: float) -> str:
-    """``win`` (repeatable gain), ``regression`` (material loss), ``neutral`` or ``missing``."""
+    """Verdict of a comparison's speedup interval: ``gain``, ``non_inferior``, ``inconclusive``, ``regression``
+    or ``missing`` (:func:`specstudy.decision.verdict`; the interval is the comparison's primary CI)."""
+    from .decision import verdict
+
     sp = comp["speedup"]
-    if not sp["n"]:
-        return "missing"
-    if sp["median"] < 1 - max_regression:
-        return "regression"
-    if sp["ci_low"] is not None and sp["ci_low"] > 1 + min_gain and all(v > 1 for v in sp["values"]):
-        return "win"
-    return "neutral"
+    return verdict(sp.get("ci_low"), sp.get("ci_high"), min_gain, max_regression)
 
 
 def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[float]:
@@ -614,16 +607,27 @@ def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[flo
     return out
 
 
-def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) -> dict:
+def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None) -> dict:
     """Decide which speculative setting (if any) to enable; a pure function of its inputs.
 
-    A candidate is enabled only with a gate verdict ``pass``, a repeatable gain (CI lower bound of
-    the speedup > 1 + min_gain and every repeat > 1) on at least one declared workload (or on the
-    declared traffic mixture when traffic cannot be routed by workload) and no material regression
-    (median speedup < 1 - max_regression) on any declared workload at any operating concurrency.
+    The rule (:mod:`specstudy.decision`, declared in the pre-registration): three-way cell verdicts from
+    intervals corrected for the repeated looks of adaptive confirmation; a candidate is enabled only with
+    a gate verdict ``pass``, no regression shown anywhere, non-inferiority shown on every decisive cell
+    (or on the declared traffic mixture) and a gain shown on the traffic mixture (per workload when traffic
+    is routed by workload). An inconclusive cell blocks enabling; ``undecided`` lists those cells with the
+    extra rounds expected to settle them. ``stability`` recomputes the decision on bootstrap resamples of
+    the rounds. Without ``prereg`` the pre-registration named by ``config['study']['preregistration']``
+    is read; without either the config's margins are used and the rule says so.
     """
+    from . import decision
+
     s = settings(config)
     r, a = s["recommendation"], s["analysis"]
+    if prereg is None and ((config or {}).get("study") or {}).get("preregistration"):
+        from .config import load_prereg
+
+        prereg = load_prereg(config)
+    rule = decision.rule_from(config, prereg)
     phase = r["phase"]
     use = [c for c in comps if c["phase"] == phase]
     workloads = r["workloads"] or sorted({c["workload"] for c in use})
@@ -632,69 +636,21 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None) 
     for g in gates:  # a gate of another phase is the fall-back
         gate_by_arm.setdefault(g["arm"], g)
     out: dict[str, Any] = {"phase": phase, "workloads": workloads, "concurrencies": concs,
-                           "route_by_workload": bool(r["route_by_workload"]), "min_gain": r["min_gain"],
-                           "max_regression": r["max_regression"], "candidates": [], "decision": "do_not_enable",
-                           "enable": None, "per_workload": {}, "missing": []}
+                           "route_by_workload": bool(r["route_by_workload"]), "min_gain": rule["min_gain"],
+                           "max_regression": rule["max_regression"], "rule": rule, "candidates": [],
+                           "decision": "do_not_enable", "enable": None, "per_workload": {}, "missing": [],
+                           "undecided": [], "stability": None}
     if not use:
         out["decision"] = "insufficient_evidence"
         out["missing"].append(f"no {phase} comparisons (has the {phase} phase run?)")
         return out
-    arms = sorted({c["arm"] for c in use})
     weights = r["traffic_mix"] or {w: 1.0 for w in workloads}
     total = sum(weights.values()) or 1.0
     weights = {w: v / total for w, v in weights.items() if v}
-    for arm in arms:
-        mine = {(c["workload"], c["concurrency"]): c for c in use if c["arm"] == arm}
-        statuses = {f"{w}@c{cc}": cell_status(mine[(w, cc)], r["min_gain"], r["max_regression"])
-                    if (w, cc) in mine else "missing" for w in workloads for cc in concs}
-        gate = gate_by_arm.get(arm)
-        verdict = gate.get("verdict") if gate else "missing"
-        blockers = []
-        if verdict != "pass":
-            blockers.append(f"gate verdict {verdict}")
-        cand: dict[str, Any] = {"arm": arm, "gate_verdict": verdict, "status": statuses, "blockers": blockers}
-        if r["route_by_workload"]:
-            cand["workloads"] = {}
-            for w in workloads:
-                st = [statuses[f"{w}@c{cc}"] for cc in concs]
-                ok = not blockers and "win" in st and "regression" not in st and "missing" not in st
-                lows = [mine[(w, cc)]["speedup"]["ci_low"] or 0 for cc in concs if (w, cc) in mine]
-                cand["workloads"][w] = {"enable": ok, "statuses": st, "score": min(lows) if lows else None}
-            cand["enable"] = any(v["enable"] for v in cand["workloads"].values())
-        else:
-            mix = {}
-            for cc in concs:
-                by_w = {w: mine.get((w, cc)) for w in weights}
-                vals = _mixture(by_w, weights)
-                d = describe(vals, a["confidence"], a["ci_method"], a["bootstrap_resamples"], a["seed"])
-                mix[cc] = {"speedup": d, "status": cell_status({"speedup": d}, r["min_gain"], r["max_regression"])}
-            cand["mixture"] = mix
-            regress = [k for k, v in statuses.items() if v == "regression"]
-            missing = [k for k, v in statuses.items() if v == "missing"]
-            mix_st = [m["status"] for m in mix.values()]
-            if regress:
-                blockers.append("material regression on " + ", ".join(regress))
-            if missing:
-                blockers.append("no valid data for " + ", ".join(missing))
-            if "regression" in mix_st or "missing" in mix_st:
-                blockers.append("traffic mixture regresses or is missing at some concurrency")
-            if "win" not in mix_st:
-                blockers.append("no repeatable gain on the traffic mixture")
-            lows = [m["speedup"]["ci_low"] or 0 for m in mix.values()]
-            cand["score"] = min(lows) if lows else None
-            cand["enable"] = not blockers
-        out["candidates"].append(cand)
-    if r["route_by_workload"]:
-        for w in workloads:
-            ok = [c for c in out["candidates"] if c["workloads"][w]["enable"]]
-            best = max(ok, key=lambda c: c["workloads"][w]["score"] or 0) if ok else None
-            out["per_workload"][w] = best["arm"] if best else None
-        out["decision"] = "enable_per_workload" if any(out["per_workload"].values()) else "do_not_enable"
-    else:
-        ok = [c for c in out["candidates"] if c["enable"]]
-        if ok:
-            best = max(ok, key=lambda c: c["score"] or 0)
-            out["decision"], out["enable"] = "enable", best["arm"]
+    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]))
+    out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
+    out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
+                                          bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out
 
 

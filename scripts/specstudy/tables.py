@@ -43,6 +43,13 @@ KEY_COLUMNS = [
     ("rep", "int64"),
 ]
 
+#: Start-up phases of a deployment record (deploy.startup_phases), in order.
+STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+#: NVML series summarised per cell: per GPU, ``_mean`` = mean over GPUs of the time mean, ``_max`` = max over GPUs.
+GPU_SERIES = ("memory_used_mib", "utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
+GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_count", "int64")] + [
+    (f"gpu_{name}_{stat}", "float64") for name in GPU_SERIES for stat in ("mean", "max")]
+
 CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "requests": KEY_COLUMNS
     + [
@@ -114,7 +121,9 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("started_at", "string"),
         ("ended_at", "string"),
         ("started_unix", "float64"),
-    ],
+        ("tensor_parallel_size", "int64"),
+    ]
+    + GPU_COLUMNS,
     "deployments": KEY_COLUMNS
     + [
         ("deployment_id", "string"),
@@ -139,6 +148,21 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("time_ready", "string"),
         ("time_stop", "string"),
         ("start_unix", "float64"),
+        ("tensor_parallel_size", "int64"),
+        ("model_loading_gib", "float64"),
+        ("kv_available_gib", "float64"),
+        ("kv_log_tokens", "float64"),
+        ("compile_cache", "string"),
+        ("startup_cache", "string"),
+        ("startup_log_clock", "string"),
+        ("startup_total_s", "float64"),
+    ]
+    + [(f"startup_{p}_s", "float64") for p in STARTUP_PHASES]
+    + [
+        ("deployment_seconds", "float64"),
+        ("measuring_seconds", "float64"),
+        ("startup_share", "float64"),
+        ("measuring_share", "float64"),
     ],
     "gates": [
         ("phase", "string"),
@@ -287,6 +311,47 @@ def confound_fields(confounds: dict | None, cache_config: dict | None = None) ->
     }
 
 
+def gpu_fields(telemetry: dict | None) -> dict:
+    """Per-cell NVML summary: GPU count and, per series, the mean over GPUs of each GPU's time mean and
+    the max over GPUs of each GPU's max (``telemetry.series['gpu<i>.<name>']``). None without GPU series."""
+    tel = telemetry if isinstance(telemetry, dict) else {}
+    series = tel.get("series") if isinstance(tel.get("series"), dict) else {}
+    gpus = sorted({k.split(".", 1)[0] for k in series if re.match(r"^gpu\d+\.", k)}, key=lambda g: int(g[3:]))
+    out: dict[str, Any] = {"gpu_telemetry_source": _str(dig(tel, "gpu", "source")) if gpus else None,
+                           "gpu_count": len(gpus) if gpus else None}
+    for name in GPU_SERIES:
+        means = [_num(dig(series, f"{g}.{name}", "mean")) for g in gpus]
+        maxes = [_num(dig(series, f"{g}.{name}", "max")) for g in gpus]
+        means, maxes = [v for v in means if v is not None], [v for v in maxes if v is not None]
+        out[f"gpu_{name}_mean"] = sum(means) / len(means) if means else None
+        out[f"gpu_{name}_max"] = max(maxes) if maxes else None
+    return out
+
+
+def startup_fields(dep: dict) -> dict:
+    """Start-up phases, cache state and memory/KV cost of a deployment record (None where absent)."""
+    st = dep.get("startup") if isinstance(dep.get("startup"), dict) else {}
+    c = dep.get("confounds") if isinstance(dep.get("confounds"), dict) else {}
+    tp = dep.get("tensor_parallel_size")
+    times = dep.get("times") or {}
+    t0, t1 = to_unix(times.get("start")), to_unix(times.get("stop"))
+    out = {"tensor_parallel_size": _int(first(tp.get("target") if isinstance(tp, dict) else None,
+                                              dig(dep, "provenance", "tensor_parallel_size", "target"),
+                                              c.get("tensor_parallel_size"))),
+           "model_loading_gib": _num(dig(c, "model_loading", "memory_gib")),
+           "kv_available_gib": _num(dig(c, "kv_cache", "available_memory_gib")),
+           "kv_log_tokens": _num(dig(c, "kv_cache", "tokens")),
+           "compile_cache": _str(dig(c, "compilation", "compile_cache")),
+           "startup_cache": _str(st.get("cache")), "startup_log_clock": _str(st.get("log_clock")),
+           "startup_total_s": _num(st.get("total_s")),
+           "deployment_seconds": (t1 - t0) if (t0 is not None and t1 is not None) else None}
+    for p in STARTUP_PHASES:
+        out[f"startup_{p}_s"] = _num(dig(st, "phases", p))
+    d, tot = out["deployment_seconds"], out["startup_total_s"]
+    out["startup_share"] = tot / d if (d and tot is not None) else None
+    return out
+
+
 def _flatten(obj: Any, prefix: str, out: dict, depth: int = 0, max_depth: int = 4) -> None:
     if isinstance(obj, dict) and depth < max_depth:
         for k in sorted(obj):
@@ -373,6 +438,8 @@ def cell_row(summary: dict, source: str = "<summary>") -> dict:
         if isinstance(val, dict):
             row.update(flatten(val, section))
     row.update({f"confound_{k}": v for k, v in confound_fields(summary.get("confounds")).items()})
+    row["tensor_parallel_size"] = _int(keys.get("tensor_parallel_size"))
+    row.update(gpu_fields(summary.get("telemetry")))
     return row
 
 
@@ -431,6 +498,7 @@ def deployment_row(dep: dict, source: str = "deployment.json", where: dict | Non
         "start_unix": t0,
     })
     row.update(confound_fields(dep.get("confounds"), dep.get("cache_config")))
+    row.update(startup_fields(dep))
     for section in ("provenance", "confounds", "cache_config"):
         val = dep.get(section)
         if isinstance(val, dict):
@@ -586,11 +654,24 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
             data = failure_record(ddir)
             out["deployments"].append(deployment_row(
                 data, "failure_record", {"phase": phase, "arm": arm, "rep": int(m[1]), "deployment_id": dep_id}))
+    _measuring_time(out)
     gdir = results / "gates"
     if gdir.is_dir():
         for g in sorted(gdir.glob("*/*.json")):
             out["gates"].append(gate_row(_read_json(g), g.parent.name, g.stem))
     return out
+
+
+def _measuring_time(out: dict[str, list[dict]]) -> None:
+    """Per deployment: the wall time of the cells measured on it, and its share of the deployment's time."""
+    wall: dict[str, float] = {}
+    for c in out["cells"]:
+        if c.get("deployment_id") and c.get("wall_seconds") is not None:
+            wall[c["deployment_id"]] = wall.get(c["deployment_id"], 0.0) + float(c["wall_seconds"])
+    for d in out["deployments"]:
+        m = wall.get(d.get("deployment_id")) if d.get("source") == "deployment.json" else None
+        d["measuring_seconds"] = m
+        d["measuring_share"] = m / d["deployment_seconds"] if (m is not None and d.get("deployment_seconds")) else None
 
 
 # ---------------------------------------------------------------------------------------------

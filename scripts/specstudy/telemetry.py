@@ -6,9 +6,15 @@ and flat series values:
 - vLLM gauges from ``/metrics``: ``vllm.num_requests_running``, ``vllm.num_requests_waiting``,
   ``vllm.kv_cache_usage_perc``, ``vllm.num_preemptions_total`` (a counter; the summary gives its
   ``delta``), summed over engines;
-- hardware: with ``nvidia-smi``, per GPU ``gpu<i>.utilization_pct``, ``gpu<i>.memory_used_mib``,
-  ``gpu<i>.power_w``, ``gpu<i>.sm_clock_mhz``; without a GPU, ``proc.cpu_pct`` (sum over the
-  server's process group, 100 = one core), ``proc.rss_bytes``, ``proc.count`` and ``host.cpu_pct``.
+- GPUs through NVML (``nvidia-ml-py``, import name ``pynvml``), per GPU index ``i`` as NVML numbers
+  them (every GPU the job sees: TP=4 gives gpu0..gpu3): ``gpu<i>.memory_used_mib``,
+  ``gpu<i>.utilization_pct``, ``gpu<i>.memory_utilization_pct``, ``gpu<i>.sm_clock_mhz``,
+  ``gpu<i>.memory_clock_mhz``, ``gpu<i>.power_w``, ``gpu<i>.temperature_c``. A field the GPU does not
+  support is left out (reported once in ``errors``). Without NVML (module missing, no driver, no
+  device) ``nvidia-smi`` is the documented fallback (same names, fewer fields); without either the
+  sampler says so once per process (stderr) and records no GPU series;
+- the server's processes (always, GPU or not): ``proc.cpu_pct`` (sum over the server's process group,
+  100 = one core), ``proc.rss_bytes``, ``proc.count`` and ``host.cpu_pct``.
 
 ``summary()`` returns ``{samples, interval_s, errors, series: {name: {count, mean, max[, delta]}}}``
 for the cell summary's ``telemetry`` block. The file is written to a hidden sibling while sampling
@@ -89,6 +95,206 @@ def parse_nvidia_smi_csv(text: str) -> dict[str, float]:
     return out
 
 
+NVML_SERIES = ("memory_used_mib", "utilization_pct", "memory_utilization_pct", "sm_clock_mhz", "memory_clock_mhz",
+               "power_w", "temperature_c")
+_SAID: set[str] = set()
+
+
+def say_once(message: str, stream=None) -> bool:
+    """Print ``message`` to stderr the first time this process sees it (the job's log)."""
+    if message in _SAID:
+        return False
+    _SAID.add(message)
+    print(message, file=stream or sys.stderr, flush=True)
+    return True
+
+
+def _text(v: Any) -> Any:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v
+
+
+def _visible(env: dict | None = None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list of indices/UUIDs (None: unset, all GPUs)."""
+    cvd = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if cvd is None or cvd.strip() == "":
+        return None if cvd is None else []
+    return [x.strip() for x in cvd.split(",") if x.strip()]
+
+
+class NvmlGpus:
+    """The GPUs this job sees, through NVML. ``error`` says why there are none (no crash).
+
+    ``nvml``: the ``pynvml`` module (tests pass a fake); default: ``import pynvml``.
+    """
+
+    def __init__(self, nvml: Any = None, env: dict | None = None):
+        self.nvml = nvml
+        self.handles: dict[int, Any] = {}
+        self.error: str | None = None
+        self._unsupported: set[tuple[int, str]] = set()
+        self._init = False
+        if self.nvml is None:
+            try:
+                import pynvml  # nvidia-ml-py
+
+                self.nvml = pynvml
+            except ImportError as exc:
+                self.error = f"NVML unavailable: nvidia-ml-py (import pynvml) is not installed ({exc})"
+                return
+        try:
+            self.nvml.nvmlInit()
+            self._init = True
+            count = int(self.nvml.nvmlDeviceGetCount())
+        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            self.error = f"NVML unavailable: {type(exc).__name__}: {exc}"
+            self.close()
+            return
+        visible = _visible(env)
+        for i in range(count):
+            try:
+                h = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(self._call(self.nvml.nvmlDeviceGetUUID, h)) if visible is not None else None
+            except Exception as exc:  # noqa: BLE001
+                self.error = f"NVML device {i}: {type(exc).__name__}: {exc}"
+                continue
+            if visible is None or str(i) in visible or (uuid and any(uuid.startswith(v) for v in visible if not v.isdigit())):
+                self.handles[i] = h
+        if not self.handles:
+            self.error = self.error or (f"NVML found no GPU (devices: {count}, CUDA_VISIBLE_DEVICES="
+                                        f"{','.join(visible) if visible is not None else 'unset'})")
+            self.close()
+
+    @property
+    def available(self) -> bool:
+        return bool(self.handles)
+
+    @staticmethod
+    def _call(fn, *args):
+        return fn(*args)
+
+    def _field(self, i: int, name: str, fn, *args, errors: dict | None = None):
+        if (i, name) in self._unsupported:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported, _GpuIsLost, ...
+            key = f"nvml gpu{i}.{name}: {type(exc).__name__}"
+            if "NotSupported" in type(exc).__name__ or "NoPermission" in type(exc).__name__:
+                self._unsupported.add((i, name))
+            if errors is not None:
+                errors[key] = errors.get(key, 0) + 1
+            return None
+
+    def sample(self, errors: dict | None = None) -> dict[str, float]:
+        nv, out = self.nvml, {}
+        sm, mem = getattr(nv, "NVML_CLOCK_SM", 1), getattr(nv, "NVML_CLOCK_MEM", 2)
+        temp = getattr(nv, "NVML_TEMPERATURE_GPU", 0)
+        for i, h in self.handles.items():
+            m = self._field(i, "memory_used_mib", nv.nvmlDeviceGetMemoryInfo, h, errors=errors)
+            if m is not None:
+                out[f"gpu{i}.memory_used_mib"] = round(m.used / 2**20, 3)
+            u = self._field(i, "utilization_pct", nv.nvmlDeviceGetUtilizationRates, h, errors=errors)
+            if u is not None:
+                out[f"gpu{i}.utilization_pct"] = float(u.gpu)
+                out[f"gpu{i}.memory_utilization_pct"] = float(u.memory)
+            for name, fn, args, scale in (("sm_clock_mhz", nv.nvmlDeviceGetClockInfo, (h, sm), 1.0),
+                                          ("memory_clock_mhz", nv.nvmlDeviceGetClockInfo, (h, mem), 1.0),
+                                          ("power_w", nv.nvmlDeviceGetPowerUsage, (h,), 1e-3),  # milliwatts
+                                          ("temperature_c", nv.nvmlDeviceGetTemperature, (h, temp), 1.0)):
+                v = self._field(i, name, fn, *args, errors=errors)
+                if v is not None:
+                    out[f"gpu{i}.{name}"] = round(float(v) * scale, 3)
+        return out
+
+    def inventory(self) -> dict:
+        """Provenance: driver, CUDA driver, and per GPU name, memory, power limits, clocks, modes."""
+        nv = self.nvml
+        out: dict[str, Any] = {"source": "nvml", "count": len(self.handles), "error": self.error,
+                               "driver_version": None, "cuda_driver_version": None, "nvml_version": None,
+                               "devices": []}
+        if not self.handles:
+            return out
+
+        def get(fn_name, *args, scale=None, text=False):
+            fn = getattr(nv, fn_name, None)
+            if fn is None:
+                return None
+            try:
+                v = fn(*args)
+            except Exception:  # noqa: BLE001 - not supported on this GPU/driver: None
+                return None
+            if text:
+                return _text(v)
+            return round(float(v) * scale, 3) if scale is not None else v
+
+        out["driver_version"] = get("nvmlSystemGetDriverVersion", text=True)
+        out["nvml_version"] = get("nvmlSystemGetNVMLVersion", text=True)
+        cuda = get("nvmlSystemGetCudaDriverVersion_v2") or get("nvmlSystemGetCudaDriverVersion")
+        out["cuda_driver_version"] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
+        sm, mem = getattr(nv, "NVML_CLOCK_SM", 1), getattr(nv, "NVML_CLOCK_MEM", 2)
+        for i, h in self.handles.items():
+            meminfo = get("nvmlDeviceGetMemoryInfo", h)
+            mig = get("nvmlDeviceGetMigMode", h)
+            pci = get("nvmlDeviceGetPciInfo", h)
+            out["devices"].append({
+                "index": i, "name": get("nvmlDeviceGetName", h, text=True), "uuid": get("nvmlDeviceGetUUID", h, text=True),
+                "pci_bus_id": _text(getattr(pci, "busId", None)) if pci is not None else None,
+                "memory_total_mib": round(meminfo.total / 2**20, 3) if meminfo is not None else None,
+                "power_limit_w": get("nvmlDeviceGetPowerManagementLimit", h, scale=1e-3),
+                "power_default_limit_w": get("nvmlDeviceGetPowerManagementDefaultLimit", h, scale=1e-3),
+                "power_enforced_limit_w": get("nvmlDeviceGetEnforcedPowerLimit", h, scale=1e-3),
+                "clocks_mhz": {"sm_application": get("nvmlDeviceGetApplicationsClock", h, sm),
+                               "memory_application": get("nvmlDeviceGetApplicationsClock", h, mem),
+                               "sm_default_application": get("nvmlDeviceGetDefaultApplicationsClock", h, sm),
+                               "sm_max": get("nvmlDeviceGetMaxClockInfo", h, sm),
+                               "memory_max": get("nvmlDeviceGetMaxClockInfo", h, mem)},
+                "persistence_mode": None if (pm := get("nvmlDeviceGetPersistenceMode", h)) is None else bool(pm),
+                "compute_mode": get("nvmlDeviceGetComputeMode", h),
+                "mig_mode": None if not mig else int(mig[0]),
+            })
+        return out
+
+    def close(self) -> None:
+        if self._init:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self._init = False
+
+
+def gpu_inventory(nvml: Any = None) -> dict:
+    """NVML inventory of the visible GPUs; nvidia-smi's fallback; ``devices`` empty with ``error`` otherwise."""
+    gpus = NvmlGpus(nvml)
+    try:
+        inv = gpus.inventory()
+    finally:
+        gpus.close()
+    if inv["devices"]:
+        return inv
+    smi = query_nvidia_smi_inventory()
+    if smi:
+        return {"source": "nvidia-smi", "count": len(smi), "error": inv["error"], "driver_version":
+                smi[0].get("driver_version"), "cuda_driver_version": None, "nvml_version": None, "devices": smi}
+    return inv
+
+
+def query_nvidia_smi_inventory(smi: str = "nvidia-smi") -> list[dict] | None:
+    if shutil.which(smi) is None:
+        return None
+    keys = ["index", "name", "uuid", "driver_version", "memory_total_mib", "clocks_max_sm_mhz", "clocks_sm_mhz",
+            "power_limit_w", "power_default_limit_w"]
+    try:
+        r = subprocess.run([smi, "--query-gpu=index,name,uuid,driver_version,memory.total,clocks.max.sm,clocks.sm,"
+                            "power.limit,power.default_limit", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0 or not r.stdout.strip():
+        return None
+    return [dict(zip(keys, [x.strip() for x in line.split(",")], strict=False)) for line in r.stdout.splitlines()]
+
+
 class _GroupCPU:
     """CPU% and RSS summed over the processes of one process group (and a root's descendants)."""
 
@@ -147,16 +353,21 @@ class TelemetrySampler:
     """Sample vLLM gauges and hardware every ``interval_s`` seconds into ``out_path`` (JSONL).
 
     Use as a context manager around one cell, or ``start()`` / ``stop()``; ``summary()`` afterwards.
-    ``gpu``: True/False forces nvidia-smi on/off; None detects it on the first sample.
+    ``gpu``: False turns GPU sampling off; None/True detect NVML (then nvidia-smi) on the first sample.
+    ``nvml``: a ``pynvml``-like module (tests); default ``import pynvml``.
     """
 
     def __init__(self, out_path: str | os.PathLike, *, metrics_url: str | None = None, pgid: int | None = None,
                  root_pid: int | None = None, interval_s: float = 1.0, gpu: bool | None = None,
-                 api_key: str | None = None, http_timeout_s: float = 2.0):
+                 api_key: str | None = None, http_timeout_s: float = 2.0, nvml: Any = None):
         self.out_path = Path(out_path)
         self.metrics_url = metrics_url
         self.interval_s = float(interval_s)
         self.gpu = gpu
+        self.nvml = nvml
+        self.gpu_source: str | None = None  # "nvml" | "nvidia-smi" | None
+        self.gpu_note: str | None = None
+        self._nvml: NvmlGpus | None = None
         self.api_key = api_key
         self.http_timeout_s = http_timeout_s
         self.pgid, self.root_pid = pgid, root_pid
@@ -186,21 +397,44 @@ class TelemetrySampler:
             self._errors[key] = self._errors.get(key, 0) + 1
             return {}
 
-    def _hardware(self) -> dict[str, float]:
-        if self.gpu is not False:
-            gpu = query_nvidia_smi()
-            if gpu:
-                self.gpu = True
-                return gpu
-            if self.gpu:
-                self._errors["nvidia-smi failed"] = self._errors.get("nvidia-smi failed", 0) + 1
-                return {}
-            self.gpu = False
-        if self.pgid is None and self.root_pid is None:
+    def _detect_gpu(self) -> None:
+        self._nvml = NvmlGpus(self.nvml)
+        if self._nvml.available:
+            self.gpu_source = "nvml"
+            return
+        note = self._nvml.error
+        self._nvml = None
+        if query_nvidia_smi():
+            self.gpu_source = "nvidia-smi"
+            self.gpu_note = f"{note}; using the nvidia-smi fallback"
+            say_once(f"telemetry: {self.gpu_note}")
+            return
+        self.gpu = False
+        self.gpu_note = f"no GPU telemetry ({note}; no usable nvidia-smi): sampling the server's processes only"
+        say_once(f"telemetry: {self.gpu_note}")
+
+    def _gpu(self) -> dict[str, float]:
+        if self.gpu is False:
             return {}
+        if self.gpu_source is None:
+            self._detect_gpu()
+        if self.gpu_source == "nvml":
+            return self._nvml.sample(self._errors)
+        if self.gpu_source == "nvidia-smi":
+            out = query_nvidia_smi()
+            if not out:
+                self._errors["nvidia-smi failed"] = self._errors.get("nvidia-smi failed", 0) + 1
+            return out or {}
+        return {}
+
+    def _hardware(self) -> dict[str, float]:
+        out = self._gpu()
+        if self.pgid is None and self.root_pid is None:
+            return out
         if self._cpu is None:
             self._cpu = _GroupCPU(self.pgid, self.root_pid)
-        return self._cpu.sample()
+        out.update(self._cpu.sample())
+        return out
 
     def sample_once(self) -> dict:
         now = time.monotonic()
@@ -242,6 +476,8 @@ class TelemetrySampler:
             self._fh.close()
             self._fh = None
             os.replace(self._tmp, self.out_path)
+        if self._nvml is not None:
+            self._nvml.close()
         return self.summary()
 
     def __enter__(self) -> TelemetrySampler:
@@ -252,8 +488,11 @@ class TelemetrySampler:
 
     # -- summary --------------------------------------------------------------------------------
     def summary(self) -> dict:
-        return summarize(self._rows, interval_s=self.interval_s, errors=self._errors,
-                         source="nvidia-smi" if self.gpu else ("psutil" if self._cpu else None))
+        source = "+".join(x for x in (self.gpu_source, "psutil" if self._cpu else None) if x) or None
+        out = summarize(self._rows, interval_s=self.interval_s, errors=self._errors, source=source)
+        out["gpu"] = {"source": self.gpu_source, "note": self.gpu_note,
+                      "devices": sorted(self._nvml.handles) if self._nvml is not None else None}
+        return out
 
 
 def summarize(rows: list[dict], *, interval_s: float | None = None, errors: dict | None = None,

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Run the GPU study on a lent, offline GPU machine, across several device calls of at most 10 minutes.
+# The study runs in the background (its own session, so it outlives the call that started it while the
+# machine stays warm); each call waits, prints progress and packs what exists under $OUT.
+#
+#   envs/gpu/lease.sh start BUDGET_S   # after the offline install: start the study + extras in the background
+#   envs/gpu/lease.sh wait  SECONDS    # wait (at most SECONDS) for the background run; print progress; pack
+#   envs/gpu/lease.sh pack             # pack results/ (no model weights) and logs into $OUT (<= 15 MB parts)
+#
+# BUDGET_S: seconds of machine time left for the whole background run (study first, then the start-up
+# cache benchmark, then the mechanics point, each only if its estimated time still fits).
+# Needs the environment written by the offline installer (envs/gpu/install_offline.py): PATH, PYTHONPATH.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "${SPECSTUDY_WORKDIR:-$REPO}"
+LEASE=${SPECSTUDY_LEASE_DIR:-/tmp/specstudy-lease}
+CONFIG=${SPECSTUDY_GPU_CONFIG:-config/gpu-h200.yaml}
+MECH_CONFIG=${SPECSTUDY_MECH_CONFIG:-config/gpu-h200-mechanics.yaml}
+CORES=${SPECSTUDY_CORES:-$(nproc)}
+mkdir -p "$LEASE"
+now() { date +%s; }
+say() { echo "[lease $(date -u +%H:%M:%S)] $*" | tee -a "$LEASE/lease.log"; }
+
+background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
+  local deadline=$1
+  say "study: snakemake all ($CONFIG) on $CORES cores, one deployment at a time"
+  local t0; t0=$(now)
+  snakemake all --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 --configfile "$CONFIG" \
+    > "$LEASE/study.log" 2>&1
+  echo $? > "$LEASE/study.rc"
+  say "study: rc $(cat "$LEASE/study.rc") after $(( $(now) - t0 )) s"
+  if (( $(now) + 300 < deadline )); then
+    t0=$(now)
+    say "start-up cache benchmark (compiled cold, compiled warm, eager)"
+    python3 "$REPO/benchmarks/startup_cache.py" --config "$CONFIG" --logdir "$LEASE/startup-cache" \
+      --json "$LEASE/startup_cache.json" > "$LEASE/startup_cache.log" 2>&1
+    echo $? > "$LEASE/startup_cache.rc"
+    say "start-up cache benchmark: rc $(cat "$LEASE/startup_cache.rc") after $(( $(now) - t0 )) s"
+  else
+    say "start-up cache benchmark skipped: $(( deadline - $(now) )) s left, needs ~300"
+  fi
+  if [ -f "$MECH_CONFIG" ] && (( $(now) + 420 < deadline )); then
+    t0=$(now)
+    say "mechanics point ($MECH_CONFIG)"
+    snakemake decode_mechanics --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 \
+      --configfile "$CONFIG" > "$LEASE/mechanics.log" 2>&1
+    echo $? > "$LEASE/mechanics.rc"
+    say "mechanics: rc $(cat "$LEASE/mechanics.rc") after $(( $(now) - t0 )) s"
+  else
+    say "mechanics skipped: $(( deadline - $(now) )) s left, needs ~420 (or no $MECH_CONFIG)"
+  fi
+  touch "$LEASE/done"
+}
+
+progress() {
+  local cells; cells=$(find results -path '*/attempts/*' -name summary.json 2>/dev/null | wc -l)
+  local deps; deps=$(find results -path '*/attempts/*' -name launch.log 2>/dev/null | wc -l)
+  say "progress: $deps server launches, $cells cells measured; last study lines:"
+  tail -n 3 "$LEASE/study.log" 2>/dev/null | cut -c1-200
+  nvidia-smi --query-gpu=memory.used,utilization.gpu,power.draw --format=csv,noheader 2>/dev/null | sed 's/^/  gpu: /'
+}
+
+pack() {
+  [ -n "${OUT:-}" ] || { echo "pack: OUT is not set (run on the device machine)"; return 2; }
+  mkdir -p "$LEASE/logs"
+  cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
+  tar --exclude='results/models' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
+      -czf "$LEASE/results.tgz" results "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE/logs" \
+      "$LEASE/startup-cache" 2>/dev/null
+  split -b 15M -d -a 1 "$LEASE/results.tgz" "$OUT/results.tgz.part"
+  cp "$LEASE/lease.log" "$OUT/lease.log" 2>/dev/null
+  ls -la "$OUT"
+}
+
+case "${1:-}" in
+  start)
+    budget=${2:?usage: lease.sh start BUDGET_S}
+    deadline=$(( $(now) + budget ))
+    nvidia-smi > "$LEASE/nvidia-smi.txt" 2>&1
+    say "background run starts; deadline in $budget s"
+    setsid nohup bash "$0" _background "$deadline" > "$LEASE/background.log" 2>&1 < /dev/null &
+    sleep 5; progress ;;
+  _background) background "$2" ;;
+  wait)
+    limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
+    while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep 20; progress; done
+    [ -f "$LEASE/done" ] && say "background run finished"
+    pack ;;
+  pack) pack ;;
+  *) echo "usage: lease.sh start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
+esac

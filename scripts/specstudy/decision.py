@@ -1,0 +1,557 @@
+"""The pre-registered decision rule: three-way cell verdicts, adaptive confirmation, decision stability.
+
+Cell verdicts (issue #15). For every declared workload × concurrency of a candidate, the interval of
+the geometric-mean speedup (Student-t on per-deployment log ratios, paired by round) is compared with
+the pre-registered margins ``min_gain`` (g) and ``max_regression`` (d):
+
+- ``gain``          the interval lies above 1 + g;
+- ``regression``    the interval lies below 1 − d (a material loss is shown);
+- ``non_inferior``  the interval lies above 1 − d (a material loss is excluded);
+- ``inconclusive``  otherwise (a material loss is neither shown nor excluded);
+- ``missing``       fewer than two valid paired repeats (no interval).
+
+A candidate is enabled only when its gate passed, no cell and no traffic-mixture level shows a
+regression, every decisive cell is non-inferior (``non_inferiority_on: cells``, the default; with
+``mixture`` the declared traffic mixture at each concurrency must be non-inferior instead) and a gain
+is shown on the traffic mixture at some concurrency (per workload when traffic is routed by workload).
+
+Repeated looks. Confirmation starts with ``confirmation.repeats`` rounds and adds one round at a time
+up to ``confirmation.stopping.max_repeats`` while a decisive cell is inconclusive, so the rule may look
+at the data up to K = max_repeats − repeats + 1 times. With ``correction: bonferroni`` every look uses
+intervals at confidence 1 − α/K (α = 1 − confidence): by Bonferroni's inequality the chance that any
+of the K looks produces a false verdict on a cell is at most α, whatever the dependence between looks.
+It is conservative (an O'Brien–Fleming boundary would spend less α early), but it needs no normality
+or independent-increments assumption, which matters with skewed or heavy-tailed deployment effects
+(benchmarks/decision_rule.py shows the effect with and without it).
+
+Everything here is pure: comparisons (from :func:`specstudy.stats.comparisons`) in, plain dicts out.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+VERDICTS = ("gain", "non_inferior", "inconclusive", "regression", "missing")
+CORRECTIONS = ("bonferroni", "none")
+SCOPES = ("cells", "mixture")
+MAX_EXTRA_REPEATS = 100
+
+
+class DecisionRuleError(ValueError):
+    """The pre-registered decision rule is unusable; the message names the file, the field and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule
+# ---------------------------------------------------------------------------------------------
+def check_prereg(prereg: dict, source: str = "<pre-registration>") -> None:
+    """Semantic checks of the stopping rule and margins a JSON schema cannot express."""
+    conf = prereg.get("confirmation") or {}
+    problems = []
+    stop = conf.get("stopping")
+    if not isinstance(stop, dict):
+        problems.append("field 'confirmation.stopping': missing; declare the stopping rule before screening, e.g. "
+                        "stopping: {max_repeats: 5, correction: bonferroni}")
+    else:
+        cap, initial = stop.get("max_repeats"), conf.get("repeats")
+        if isinstance(cap, int) and isinstance(initial, int) and cap < initial:
+            problems.append(f"field 'confirmation.stopping.max_repeats': {cap} is below confirmation.repeats "
+                            f"({initial}); the cap must be >= the initial number of repeats")
+    dec = conf.get("decision")
+    if not isinstance(dec, dict):
+        problems.append("field 'confirmation.decision': missing; declare the margins, e.g. decision: {min_gain: 0.05, "
+                        "max_regression: 0.02, confidence: 0.95, non_inferiority_on: cells}")
+    else:
+        for key in ("min_gain", "max_regression"):
+            v = dec.get(key)
+            if isinstance(v, int | float) and v < 0:
+                problems.append(f"field 'confirmation.decision.{key}': {v} is negative; margins are fractions >= 0")
+        d = dec.get("max_regression")
+        if isinstance(d, int | float) and d >= 1:
+            problems.append(f"field 'confirmation.decision.max_regression': {d} must be < 1 (a fraction of throughput)")
+    if problems:
+        raise DecisionRuleError(f"{source}: invalid stopping/decision rule:\n  - " + "\n  - ".join(problems))
+
+
+def rule_from(config: dict | None = None, prereg: dict | None = None) -> dict:
+    """The decision rule: from the pre-registration when it declares one, else from the config (flagged)."""
+    from . import stats
+
+    s = stats.settings(config)
+    rec, an = s["recommendation"], s["analysis"]
+    conf = (prereg or {}).get("confirmation") or {}
+    if isinstance(conf.get("decision"), dict) and isinstance(conf.get("stopping"), dict):
+        dec, stop = conf["decision"], conf["stopping"]
+        rule = {"source": "pre-registration", "min_gain": float(dec["min_gain"]),
+                "max_regression": float(dec["max_regression"]), "confidence": float(dec.get("confidence", 0.95)),
+                "non_inferiority_on": dec.get("non_inferiority_on", "cells"),
+                "initial_repeats": int(conf["repeats"]), "max_repeats": int(stop["max_repeats"]),
+                "correction": stop.get("correction", "bonferroni")}
+        given = (config or {}).get("recommendation") or {}
+        rule["notes"] = [f"config recommendation.{k} = {given[k]} is ignored: the pre-registration declares {rule[k]}"
+                         for k in ("min_gain", "max_regression") if k in given and float(given[k]) != rule[k]]
+    else:
+        rule = {"source": "config recommendation.* (no decision/stopping rule in a pre-registration: fixed design, "
+                          "one look)", "min_gain": float(rec["min_gain"]), "max_regression": float(rec["max_regression"]),
+                "confidence": float(an["confidence"]), "non_inferiority_on": "cells",
+                "initial_repeats": None, "max_repeats": None, "correction": "none", "notes": []}
+    rule["looks"] = looks(rule)
+    rule["look_confidence"] = look_confidence(rule)
+    return rule
+
+
+def looks(rule: dict) -> int:
+    if rule.get("max_repeats") is None or rule.get("initial_repeats") is None:
+        return 1
+    return int(rule["max_repeats"]) - int(rule["initial_repeats"]) + 1
+
+
+def look_confidence(rule: dict) -> float:
+    """Confidence of every interval at every look (Bonferroni over the K possible looks)."""
+    alpha = 1 - float(rule["confidence"])
+    k = looks(rule) if rule.get("correction", "none") == "bonferroni" else 1
+    return 1 - alpha / k
+
+
+# ---------------------------------------------------------------------------------------------
+# Intervals and verdicts
+# ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def t_quantile(df: int, confidence: float) -> float:
+    from scipy import stats as st
+
+    return float(st.t.ppf(0.5 + confidence / 2, df))
+
+
+def log_interval(logs: list[float], confidence: float) -> tuple[float, float, float, float] | None:
+    """(mean, sd, lo, hi) of the Student-t interval on log ratios; lo/hi on the ratio scale."""
+    n = len(logs)
+    if n < 2:
+        return None
+    m = sum(logs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+    h = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
+    return m, sd, math.exp(m - h), math.exp(m + h)
+
+
+def verdict(lo: float | None, hi: float | None, min_gain: float, max_regression: float) -> str:
+    """Three-way verdict (plus gain) of an interval [lo, hi] of a speedup; works on floats only."""
+    if lo is None or hi is None:
+        return "missing"
+    if lo > 1 + min_gain:
+        return "gain"
+    if hi < 1 - max_regression:
+        return "regression"
+    if lo > 1 - max_regression:
+        return "non_inferior"
+    return "inconclusive"
+
+
+def extra_repeats_to_settle(mean: float, sd: float, n: int, bound: float, confidence: float) -> int | None:
+    """Rounds beyond ``n`` expected to move the interval off ``bound`` (log scale), if mean and SD stay as observed.
+
+    None when more than :data:`MAX_EXTRA_REPEATS` would be needed (the effect sits at the margin).
+    """
+    dist = abs(mean - bound)
+    if dist == 0:
+        return None
+    for extra in range(1, MAX_EXTRA_REPEATS + 1):
+        m = n + extra
+        if t_quantile(m - 1, confidence) * sd / math.sqrt(m) < dist:
+            return extra
+    return None
+
+
+def judge(values: list[float], rule: dict, target: str = "non_inferiority") -> dict:
+    """Verdict of one cell (or mixture level) from its per-round speedups."""
+    vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    conf = rule["look_confidence"]
+    out: dict[str, Any] = {"n": len(vals), "values": vals, "geomean": None, "lo": None, "hi": None,
+                           "confidence": conf, "verdict": "missing", "extra_repeats": None}
+    iv = log_interval([math.log(v) for v in vals], conf)
+    if iv is None:
+        if vals:
+            out["geomean"] = math.exp(sum(math.log(v) for v in vals) / len(vals))
+        return out
+    m, sd, lo, hi = iv
+    out.update(geomean=math.exp(m), lo=lo, hi=hi, sd_log=sd,
+               verdict=verdict(lo, hi, rule["min_gain"], rule["max_regression"]))
+    if out["verdict"] == "inconclusive" or (target == "gain" and out["verdict"] == "non_inferior"):
+        # inconclusive: rounds until a material loss is shown or excluded; non-inferior (gain pending): until a
+        # gain above 1 + min_gain is shown or excluded
+        bound = (math.log(1 - rule["max_regression"]) if out["verdict"] == "inconclusive"
+                 else math.log(1 + rule["min_gain"]))
+        out["extra_repeats"] = extra_repeats_to_settle(m, sd, len(vals), bound, conf)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------
+def _label(w: str, c) -> str:
+    return f"{w}@c{c}"
+
+
+def _undecided(item: str, j: dict, why: str) -> dict:
+    return {"what": item, "verdict": j["verdict"], "lo": j["lo"], "hi": j["hi"], "n": j["n"],
+            "extra_repeats": j["extra_repeats"], "why": why}
+
+
+def _scope(cells: dict[str, dict], mixture: dict[str, dict], gain_levels: dict[str, dict],
+           ni_levels: dict[str, dict], gate: str, rule: dict) -> dict:
+    """Enable/blockers/undecided for one scope (all traffic, or one routed workload)."""
+    d = rule["max_regression"]
+    g = rule["min_gain"]
+    blockers, undecided = [], []
+    if gate != "pass":
+        blockers.append(f"gate verdict {gate}")
+    regress = [k for k, j in {**cells, **mixture}.items()
+               if j["verdict"] == "regression"]
+    if regress:
+        blockers.append(f"regression shown (interval below {1 - d:.2f}) on " + ", ".join(regress))
+    missing = [k for k, j in ni_levels.items() if j["verdict"] == "missing"]
+    if missing:
+        blockers.append("no interval (fewer than 2 valid paired repeats) for " + ", ".join(missing))
+    inconclusive = [k for k, j in ni_levels.items() if j["verdict"] == "inconclusive"]
+    if inconclusive:
+        blockers.append(f"non-inferiority not shown (interval reaches below {1 - d:.2f}) on " + ", ".join(inconclusive))
+    gains = [k for k, j in gain_levels.items() if j["verdict"] == "gain"]
+    if not gains:
+        blockers.append(f"no gain shown (no interval above {1 + g:.2f})")
+    excluded = gate == "fail" or bool(regress)
+    if not excluded:
+        for k in missing + inconclusive:
+            undecided.append(_undecided(k, ni_levels[k], "material regression neither shown nor excluded"
+                                        if ni_levels[k]["verdict"] == "inconclusive" else "no interval yet"))
+        if not gains:
+            open_gain = [k for k, j in gain_levels.items() if j["hi"] is not None and j["hi"] > 1 + g]
+            if open_gain:
+                best = max(open_gain, key=lambda k: gain_levels[k]["geomean"] or 0)
+                undecided.append(_undecided(best, gain_levels[best], f"gain above {1 + g:.2f} neither shown nor excluded"))
+    lows = [j["lo"] for j in gain_levels.values() if j["lo"] is not None]
+    return {"enable": not blockers, "blockers": blockers, "undecided": undecided, "excluded": excluded,
+            "score": min(lows) if lows else None}
+
+
+def decide(comps: list[dict], gate_by_arm: dict[str, dict], rule: dict, workloads: list[str], concs: list,
+           weights: dict[str, float], route_by_workload: bool = False) -> dict:
+    """The decision from per-round paired comparisons of one phase (see the module docstring)."""
+    from .stats import _mixture
+
+    out: dict[str, Any] = {"candidates": [], "decision": "do_not_enable", "enable": None, "per_workload": {},
+                           "undecided": []}
+    arms = sorted({c["arm"] for c in comps})
+    for arm in arms:
+        mine = {(c["workload"], c["concurrency"]): c for c in comps if c["arm"] == arm}
+        cells = {}
+        for w in workloads:
+            for cc in concs:
+                c = mine.get((w, cc))
+                vals = [r["speedup"] for r in c["repeats"]] if c else []
+                cells[_label(w, cc)] = judge(vals, rule, "non_inferiority")
+        gate = gate_by_arm.get(arm)
+        gv = (gate or {}).get("verdict") or "missing"
+        cand: dict[str, Any] = {"arm": arm, "gate_verdict": gv, "cells": cells,
+                                "status": {k: j["verdict"] for k, j in cells.items()}}
+        if route_by_workload:
+            cand["workloads"] = {}
+            for w in workloads:
+                mine_w = {k: j for k, j in cells.items() if k.startswith(f"{w}@")}
+                gain_levels = {k: judge(j["values"], rule, "gain") for k, j in mine_w.items()}
+                sc = _scope(mine_w, {}, gain_levels, mine_w, gv, rule)
+                sc["statuses"] = [j["verdict"] for j in mine_w.values()]
+                cand["workloads"][w] = sc
+            cand["enable"] = any(v["enable"] for v in cand["workloads"].values())
+            cand["blockers"] = [f"{w}: {b}" for w, v in cand["workloads"].items() for b in v["blockers"]]
+            cand["undecided"] = [dict(u, workload=w) for w, v in cand["workloads"].items() for u in v["undecided"]]
+            cand["excluded"] = all(v["excluded"] for v in cand["workloads"].values())
+        else:
+            mix = {}
+            for cc in concs:
+                vals = _mixture({w: mine.get((w, cc)) for w in weights}, weights)
+                mix[f"mix@c{cc}"] = judge(vals, rule, "gain")
+            cand["mixture"] = mix
+            ni = cells if rule.get("non_inferiority_on", "cells") == "cells" else mix
+            sc = _scope(cells, mix, mix, ni, gv, rule)
+            cand.update(enable=sc["enable"], blockers=sc["blockers"], undecided=sc["undecided"],
+                        excluded=sc["excluded"], score=sc["score"])
+        out["candidates"].append(cand)
+        out["undecided"] += [dict(u, arm=arm) for u in cand["undecided"]]
+    if route_by_workload:
+        for w in workloads:
+            ok = [c for c in out["candidates"] if c["workloads"][w]["enable"]]
+            best = max(ok, key=lambda c: c["workloads"][w]["score"] or 0) if ok else None
+            out["per_workload"][w] = best["arm"] if best else None
+        out["decision"] = "enable_per_workload" if any(out["per_workload"].values()) else "do_not_enable"
+    else:
+        ok = [c for c in out["candidates"] if c["enable"]]
+        if ok:
+            best = max(ok, key=lambda c: c["score"] or 0)
+            out["decision"], out["enable"] = "enable", best["arm"]
+    return out
+
+
+def decision_label(res: dict) -> str:
+    if res["decision"] == "enable":
+        return f"enable {res['enable']}"
+    if res["decision"] == "enable_per_workload":
+        return "enable per workload: " + ", ".join(f"{w}={a}" for w, a in sorted(res["per_workload"].items()) if a)
+    return res["decision"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive confirmation: the checkpoint after each round
+# ---------------------------------------------------------------------------------------------
+def next_round(res: dict, rounds_done: int, rule: dict) -> dict:
+    """Whether the pre-registered stopping rule asks for one more round after ``rounds_done`` rounds."""
+    cap = rule.get("max_repeats")
+    und = res["undecided"]
+    if cap is None:
+        return {"continue": False, "why": "no pre-registered stopping rule: fixed design"}
+    if not und:
+        return {"continue": False, "why": "every decisive cell is settled (no inconclusive cell of a candidate still "
+                                          "in contention)"}
+    cells = ", ".join(f"{u['arm']} {u['what']}" for u in und)
+    if rounds_done >= cap:
+        return {"continue": False, "why": f"cap of {cap} rounds reached with undecided cells: {cells}"}
+    return {"continue": True, "why": f"undecided after {rounds_done} rounds: {cells}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision stability: bootstrap over rounds
+# ---------------------------------------------------------------------------------------------
+def _resampled(comps: list[dict], picks: list) -> list[dict]:
+    out = []
+    for c in comps:
+        by_rep: dict[Any, list[dict]] = {}
+        for r in c["repeats"]:
+            by_rep.setdefault(r["rep"], []).append(r)
+        reps = [dict(r, rep=f"{p}#{i}") for i, p in enumerate(picks) for r in by_rep.get(p, [])]
+        out.append(dict(c, repeats=reps))
+    return out
+
+
+def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[str], concs: list,
+              weights: dict[str, float], route_by_workload: bool = False, resamples: int = 500,
+              seed: int = 7) -> dict:
+    """Recompute the whole decision on bootstrap resamples of the rounds (all arms and cells of a round move together)."""
+    import numpy as np
+
+    reps = sorted({r["rep"] for c in comps for r in c["repeats"]}, key=str)
+    observed = decide(comps, gate_by_arm, rule, workloads, concs, weights, route_by_workload)
+    obs_label = decision_label(observed)
+    out: dict[str, Any] = {"resamples": 0, "rounds": len(reps), "observed": obs_label, "outcomes": {},
+                           "agreement": None, "drivers": [], "method": "bootstrap over rounds (paired: every arm and "
+                           "cell of a resampled round moves together); the whole rule recomputed on each resample"}
+    if len(reps) < 2:
+        out["note"] = "fewer than 2 rounds: stability not estimable"
+        return out
+    rng = np.random.default_rng(seed)
+    obs_v = {(c["arm"], k): j["verdict"] for c in observed["candidates"] for k, j in c["cells"].items()}
+    counts: dict[str, int] = {}
+    flips: dict[tuple, int] = {}
+    flips_when_changed: dict[tuple, int] = {}
+    changed = 0
+    for _ in range(resamples):
+        picks = [reps[i] for i in rng.integers(0, len(reps), size=len(reps))]
+        res = decide(_resampled(comps, picks), gate_by_arm, rule, workloads, concs, weights, route_by_workload)
+        lab = decision_label(res)
+        counts[lab] = counts.get(lab, 0) + 1
+        diff = lab != obs_label
+        changed += diff
+        for c in res["candidates"]:
+            for k, j in c["cells"].items():
+                if j["verdict"] != obs_v.get((c["arm"], k)):
+                    flips[(c["arm"], k)] = flips.get((c["arm"], k), 0) + 1
+                    if diff:
+                        flips_when_changed[(c["arm"], k)] = flips_when_changed.get((c["arm"], k), 0) + 1
+    out["resamples"] = resamples
+    out["outcomes"] = {k: v / resamples for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    out["agreement"] = counts.get(obs_label, 0) / resamples
+    ranked = sorted(flips, key=lambda k: (-flips_when_changed.get(k, 0), -flips[k], str(k)))
+    out["drivers"] = [{"arm": a, "cell": k, "observed": obs_v.get((a, k)), "flip_rate": flips[(a, k)] / resamples,
+                       "flip_rate_when_decision_changes": (flips_when_changed.get((a, k), 0) / changed) if changed else 0.0}
+                      for a, k in ranked[:6]]
+    return out
+
+
+def format_outcomes(stab: dict) -> str:
+    if not stab.get("resamples"):
+        return stab.get("note") or "not estimated"
+    return ", ".join(f"{k} in {v:.0%} of resamples" for k, v in stab["outcomes"].items())
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint after each confirmation round (CLI: specstudy confirm-round)
+# ---------------------------------------------------------------------------------------------
+_CELL_PATH = r"(?:^|/)confirm/(?P<arm>[^/]+)/rep(?P<rep>[0-9]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/summary\.json$"
+
+
+def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, summary_paths: list[str],
+               gate_paths: list[str], out: str) -> dict:
+    """Evaluate the pre-registered rule on rounds 1..``round_n`` and say whether round ``round_n + 1`` runs."""
+    import re
+
+    from . import atomic, stats, tables
+    from .atomic import sha256_file
+    from .config import load_config, load_prereg, prereg_path
+
+    cfg = load_config(config_path)
+    prereg = load_prereg(cfg)
+    lock = atomic.read_json(lock_path)
+    current = sha256_file(prereg_path(cfg))
+    if lock.get("sha256") != current:
+        raise DecisionRuleError(
+            f"pre-registration changed since screening started: {lock_path} locked sha256 {lock.get('sha256')}, "
+            f"{prereg_path(cfg)} now hashes to {current}; the stopping rule must stay as locked. Restore the locked "
+            "file (git checkout) or start a new study.")
+    rule = rule_from(cfg, prereg)
+    if not rule["initial_repeats"] <= round_n <= rule["max_repeats"]:
+        raise DecisionRuleError(f"round {round_n}: outside the pre-registered rounds {rule['initial_repeats']}.."
+                                f"{rule['max_repeats']} (confirmation.repeats .. confirmation.stopping.max_repeats in "
+                                f"{prereg_path(cfg)})")
+    plan = atomic.read_json(plan_path)
+    rows = []
+    for p in summary_paths:
+        m = re.search(_CELL_PATH, p.replace("\\", "/"))
+        if not m:
+            raise DecisionRuleError(f"{p}: not a confirmation cell summary (expected results/confirm/<arm>/rep<r>/"
+                                    "<workload>/c<conc>/summary.json)")
+        if int(m["rep"]) > round_n:
+            raise DecisionRuleError(f"{p}: round {m['rep']} is after the checkpoint's round {round_n}; the checkpoint "
+                                    "of round n reads rounds 1..n only")
+        row = tables.cell_row(atomic.read_json(p), p)
+        row.update(phase="confirm", arm=m["arm"], rep=int(m["rep"]), workload=m["workload"], concurrency=int(m["conc"]))
+        rows.append(row)
+    gates = [dict(atomic.read_json(p)) for p in gate_paths]
+    ccfg = dict(cfg, recommendation=dict(cfg.get("recommendation") or {}, phase="confirm"))
+    rec = stats.recommend(stats.comparisons(rows, ccfg), gates, ccfg, prereg)
+    nxt = next_round(rec, round_n, rule)
+    upcoming = [{"arm": d["arm"], "rep": d["rep"], "order": d["order"]} for d in plan["deployments"]
+                if d.get("kind") == "repeat" and d.get("round") == round_n + 1] if nxt["continue"] else []
+    state = {
+        "schema": "specstudy.confirm-round/1",
+        "round": round_n,
+        "rounds_run": sorted({r["rep"] for r in rows}),
+        "continue": nxt["continue"],
+        "why": nxt["why"],
+        "next_round": upcoming,
+        "decision": decision_label(rec) if rec["decision"] != "insufficient_evidence" else rec["decision"],
+        "undecided": rec["undecided"],
+        "candidates": [{"arm": c["arm"], "gate_verdict": c["gate_verdict"], "verdicts": c["status"],
+                        "enable": c["enable"], "blockers": c["blockers"]} for c in rec["candidates"]],
+        "stability": rec["stability"],
+        "rule": rule,
+        "prereg_sha256": lock["sha256"],
+        "inputs": [{"path": p, "sha256": sha256_file(p)} for p in [*summary_paths, *gate_paths, plan_path]],
+    }
+    atomic.write_json(out, state)
+    return state
+
+
+def _cmd_checkpoint(args) -> int:
+    from .config import ConfigError
+
+    try:
+        st = checkpoint(args.config, args.lock, args.plan, args.round, args.summaries, args.gates, args.out)
+    except (DecisionRuleError, ConfigError) as exc:
+        print(f"error: {exc}")
+        return 2
+    print(f"round {st['round']}: {st['decision']}; {'one more round' if st['continue'] else 'stop'}: {st['why']} "
+          f"-> {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Running confirmation again (issue #15 item 5): archive one run's confirmation, compare runs
+# ---------------------------------------------------------------------------------------------
+CONFIRM_OUTPUTS = ("confirm", "gates/confirm", "deployment-failures/confirm", "logs/confirm")
+
+
+def archive_confirmation(results: str, to: str, stamp: str | None = None) -> str:
+    """Move this run's confirmation outputs to ``<to>/confirm-<stamp>/`` so that confirmation runs again from scratch.
+
+    Screening, the selection and the plans stay: the next confirmation runs under the same locked
+    pre-registration and the same seed-determined plan.
+    """
+    import shutil
+    import time
+    from pathlib import Path
+
+    res = Path(results)
+    if not (res / "confirm" / "rounds").is_dir():
+        raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
+                                "confirm` first)")
+    dest = Path(to) / f"confirm-{stamp or time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    if dest.exists():
+        raise DecisionRuleError(f"{dest}: already exists; pick another --stamp")
+    for rel in CONFIRM_OUTPUTS:
+        if (res / rel).exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(res / rel), str(dest / rel))
+    return str(dest)
+
+
+def final_state(path: str) -> tuple[str, dict]:
+    """The last checkpoint record of a run (a rounds directory, a run directory or a round file)."""
+    from pathlib import Path
+
+    from . import atomic
+
+    p = Path(path)
+    for cand in (p, p / "rounds", p / "confirm" / "rounds"):
+        if cand.is_dir() and list(cand.glob("round*.json")):
+            last = max(cand.glob("round*.json"), key=lambda f: int(f.stem[5:] or 0))
+            return str(last), atomic.read_json(last)
+    if p.is_file():
+        return str(p), atomic.read_json(p)
+    raise DecisionRuleError(f"{path}: no results/confirm/rounds/round<n>.json here (a confirmation run directory, its "
+                            "rounds directory or a round file)")
+
+
+def _cmd_show(args) -> int:
+    try:
+        states = [final_state(p) for p in args.runs]
+    except DecisionRuleError as exc:
+        print(f"error: {exc}")
+        return 2
+    for path, st in states:
+        stab = st.get("stability") or {}
+        print(f"{path}: after {st.get('round')} rounds: {st.get('decision')}; stability: {format_outcomes(stab)}")
+        print(f"    stop: {st.get('why')}")
+        for d in (stab.get("drivers") or [])[:3]:
+            print(f"    driver: {d['arm']} {d['cell']} ({d['observed']}; flips in {d['flip_rate']:.0%} of resamples)")
+    return 0
+
+
+def _cmd_archive(args) -> int:
+    try:
+        dest = archive_confirmation(args.results, args.to, args.stamp)
+    except DecisionRuleError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(f"confirmation outputs moved to {dest}; `snakemake confirm` now runs confirmation again from round 1")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("confirm-archive", help="move this run's confirmation outputs aside so that it runs again")
+    p.add_argument("--results", default="results")
+    p.add_argument("--to", default="results-archive")
+    p.add_argument("--stamp", default=None, help="suffix of the archive directory (default: UTC time)")
+    p.set_defaults(func=_cmd_archive)
+    p = sub.add_parser("confirm-show", help="decision, rounds and stability of one or more confirmation runs")
+    p.add_argument("runs", nargs="+", help="results/confirm/rounds, results-archive/confirm-<stamp>, or round files")
+    p.set_defaults(func=_cmd_show)
+    p = sub.add_parser("confirm-round", help="checkpoint after a confirmation round: evaluate the pre-registered "
+                                             "rule and decide whether one more round runs")
+    p.add_argument("--config", required=True)
+    p.add_argument("--lock", required=True, help="results/screen/prereg-lock.json")
+    p.add_argument("--plan", required=True, help="results/plan/confirm.json (holds the rounds up to the cap)")
+    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--summaries", nargs="+", required=True, help="cell summaries of rounds 1..round")
+    p.add_argument("--gates", nargs="*", default=[], help="gate verdicts available now (screening gates)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_checkpoint)

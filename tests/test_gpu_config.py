@@ -1,0 +1,78 @@
+"""The GPU study config (config/gpu-h200.yaml): valid, sized as documented, and its DAG plans.
+
+No GPU is needed: these check the config and the plan it produces; the GPU path itself is checked
+by the `gpu`-marked tests and by the recorded run in docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from specstudy.config import ConfigError, check_config, load_config  # noqa: E402
+from specstudy.deployment_run import request_counts  # noqa: E402
+
+GPU_CONFIG = ROOT / "config" / "gpu-h200.yaml"
+
+
+def test_gpu_config_validates_and_preregisters_confirmation_at_1_8_32():
+    cfg = load_config(str(GPU_CONFIG))
+    assert cfg["engine"]["target"]["dtype"] == "bfloat16"
+    assert cfg["engine"]["server"]["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    prereg = yaml.safe_load((ROOT / cfg["study"]["preregistration"]).read_text())
+    assert prereg["confirmation"]["concurrency"] == [1, 8, 32]
+
+
+def test_request_counts_follow_the_concurrency_level():
+    cells = load_config(str(GPU_CONFIG))["cells"]
+    assert request_counts(cells, 1) == (16, 2)
+    assert request_counts(cells, 8) == (48, 8)
+    assert request_counts(cells, 32) == (128, 32)
+    # A level the mapping does not name falls back to the flat counts.
+    assert request_counts(cells, 4) == (cells["requests"], cells["warmup_requests"])
+    assert request_counts({"requests": 12, "warmup_requests": 4}, 32) == (12, 4)
+
+
+@pytest.mark.parametrize("bad", [{"0": 5}, {"eight": 5}, {"8": 0}])
+def test_bad_request_mapping_is_refused_with_the_field_named(bad):
+    cfg = yaml.safe_load(GPU_CONFIG.read_text())
+    cfg["cells"]["requests_by_concurrency"] = bad
+    with pytest.raises(ConfigError, match="requests_by_concurrency"):
+        check_config(cfg, str(GPU_CONFIG))
+
+
+def test_fingerprint_changes_with_the_request_count_of_the_level():
+    from specstudy.deployment_run import _fingerprint
+
+    cfg = load_config(str(GPU_CONFIG))
+    spec = {"arm": {"name": "baseline", "method": "baseline"}, "cell_settings": dict(cfg["cells"]),
+            "engine": cfg["engine"]}
+    cell = {"workload": "code", "concurrency": 32}
+    before = _fingerprint(spec, cell, "d1")
+    spec["cell_settings"] = dict(cfg["cells"], requests_by_concurrency={"1": 16, "8": 48, "32": 64})
+    assert _fingerprint(spec, cell, "d1") != before
+    assert _fingerprint(spec, {"workload": "code", "concurrency": 1}, "d1") == \
+        _fingerprint(dict(spec, cell_settings=dict(cfg["cells"])), {"workload": "code", "concurrency": 1}, "d1")
+
+
+def test_gpu_study_dry_run_plans_one_screening_deployment_per_arm(tmp_path):
+    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", "--cores", "16",
+                           "--configfile", "config/gpu-h200.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    counts = {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
+    assert counts["deploy_screen"] == 3  # baseline, draft-k3-tp1, ngram-k3
+    assert not (tmp_path / "results" / "screen").exists()  # a dry run measures nothing

@@ -1,0 +1,248 @@
+"""GPU telemetry through NVML: a fake ``pynvml`` (errors, no devices, 4 devices) and, on a GPU, the real one."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from specstudy import atomic, deploy, schemas, telemetry
+
+MIB = 2**20
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - pynvml's own class names
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+    pass
+
+
+def fake_pynvml(devices: int = 4, init_error: Exception | None = None, no_power: tuple[int, ...] = (),
+                lost: tuple[int, ...] = ()) -> types.ModuleType:
+    """A ``pynvml`` stand-in: device i uses (10000 + 1000 i) MiB of 143771 MiB, util 50+i %, SM clock 1980 MHz,
+    memory clock 3201 MHz, power (400 + 10 i) W, 40+i °C; ``no_power``: devices without power readings."""
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 1, 2, 0
+    m.calls = {"init": 0, "shutdown": 0}
+
+    def init():
+        m.calls["init"] += 1
+        if init_error is not None:
+            raise init_error
+
+    def shutdown():
+        m.calls["shutdown"] += 1
+
+    def dev(h):
+        if h in lost:
+            raise NVMLError_GpuIsLost("GPU is lost")
+        return h
+
+    m.nvmlInit, m.nvmlShutdown = init, shutdown
+    m.nvmlDeviceGetCount = lambda: devices
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-{h:04d}-fake"
+    m.nvmlDeviceGetName = lambda h: b"NVIDIA H200"  # old bindings return bytes
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(10000 + 1000 * dev(h)) * MIB, total=143771 * MIB,
+                                                                free=0)
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=50 + dev(h), memory=20 + dev(h))
+    m.nvmlDeviceGetClockInfo = lambda h, kind: {1: 1980, 2: 3201}[kind] if dev(h) is not None else None
+
+    def power(h):
+        if h in no_power:
+            raise NVMLError_NotSupported("Not Supported")
+        return (400 + 10 * dev(h)) * 1000  # milliwatts
+
+    m.nvmlDeviceGetPowerUsage = power
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 40 + dev(h)
+    m.nvmlSystemGetDriverVersion = lambda: "580.95.05"
+    m.nvmlSystemGetNVMLVersion = lambda: "13.580.95.05"
+    m.nvmlSystemGetCudaDriverVersion = lambda: 13000
+    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700000
+    m.nvmlDeviceGetPowerManagementDefaultLimit = lambda h: 700000
+    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700000
+    m.nvmlDeviceGetApplicationsClock = lambda h, kind: {1: 1980, 2: 3201}[kind]
+
+    def not_supported(*a):
+        raise NVMLError_NotSupported("Not Supported")
+
+    m.nvmlDeviceGetDefaultApplicationsClock = not_supported
+    m.nvmlDeviceGetMaxClockInfo = lambda h, kind: {1: 1980, 2: 3201}[kind]
+    m.nvmlDeviceGetPersistenceMode = lambda h: 1
+    m.nvmlDeviceGetComputeMode = lambda h: 0
+    m.nvmlDeviceGetMigMode = lambda h: (0, 0)
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0")
+    return m
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Forget what was already said once, hide CUDA_VISIBLE_DEVICES and any real nvidia-smi."""
+    monkeypatch.setattr(telemetry, "_SAID", set())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(telemetry, "query_nvidia_smi", lambda *a, **k: None)
+    monkeypatch.setattr(telemetry, "query_nvidia_smi_inventory", lambda *a, **k: None)
+
+
+def test_four_gpus_every_series_per_index(fresh, monkeypatch, tmp_path):
+    fake = fake_pynvml(4, no_power=(3,))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    out = tmp_path / "telemetry.jsonl"
+    with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=None) as sampler:
+        time.sleep(0.3)
+    rows = atomic.read_jsonl(out)
+    assert len(rows) >= 3
+    first = rows[0]
+    for i in range(4):
+        assert first[f"gpu{i}.memory_used_mib"] == 10000 + 1000 * i
+        assert first[f"gpu{i}.utilization_pct"] == 50 + i and first[f"gpu{i}.memory_utilization_pct"] == 20 + i
+        assert first[f"gpu{i}.sm_clock_mhz"] == 1980 and first[f"gpu{i}.memory_clock_mhz"] == 3201
+        assert first[f"gpu{i}.temperature_c"] == 40 + i
+    assert [first.get(f"gpu{i}.power_w") for i in range(4)] == [400.0, 410.0, 420.0, None]
+    s = sampler.summary()
+    assert s["hardware_source"] == "nvml" and s["gpu"] == {"source": "nvml", "note": None, "devices": [0, 1, 2, 3]}
+    assert s["series"]["gpu2.memory_used_mib"] == {"count": len(rows), "mean": 12000.0, "max": 12000.0}
+    assert s["errors"] == {"nvml gpu3.power_w: NVMLError_NotSupported": 1}  # said once, then not asked again
+    assert fake.calls == {"init": 1, "shutdown": 1}
+    json.dumps(s)
+
+
+def test_cuda_visible_devices_selects_gpus(fresh, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,GPU-0003")
+    gpus = telemetry.NvmlGpus(fake_pynvml(4))
+    assert sorted(gpus.handles) == [1, 3]
+    assert sorted({k.split(".")[0] for k in gpus.sample()}) == ["gpu1", "gpu3"]
+
+
+def test_transient_nvml_errors_are_counted_not_fatal(fresh, monkeypatch):
+    gpus = telemetry.NvmlGpus(fake_pynvml(2, lost=(1,)))
+    errors: dict = {}
+    for _ in range(3):
+        vals = gpus.sample(errors)
+    assert vals["gpu0.memory_used_mib"] == 10000 and not any(k.startswith("gpu1.") for k in vals)
+    assert errors["nvml gpu1.memory_used_mib: NVMLError_GpuIsLost"] == 3  # counted every time: not "unsupported"
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: fake_pynvml(0), "NVML found no GPU (devices: 0, CUDA_VISIBLE_DEVICES=unset)"),
+    (lambda: fake_pynvml(4, init_error=NVMLError_LibraryNotFound("NVML Shared Library Not Found")),
+     "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"),
+    (lambda: None, "NVML unavailable: nvidia-ml-py (import pynvml) is not installed"),
+])
+def test_no_gpu_says_so_once_and_keeps_sampling_processes(fresh, monkeypatch, tmp_path, capsys, make, reason):
+    monkeypatch.setitem(sys.modules, "pynvml", make())  # None: `import pynvml` raises ImportError
+    for n in range(2):  # two cells of one deployment job
+        out = tmp_path / f"c{n}.jsonl"
+        with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=telemetry.os.getpid()) as sampler:
+            time.sleep(0.2)
+        rows = atomic.read_jsonl(out)
+        assert rows and all(not k.startswith("gpu") for r in rows for k in r)
+        assert all(r["proc.count"] >= 1 for r in rows)  # the CPU side goes on
+        s = sampler.summary()
+        assert s["hardware_source"] == "psutil" and s["gpu"]["source"] is None
+        assert s["gpu"]["note"].startswith(f"no GPU telemetry ({reason}")
+    err = capsys.readouterr().err
+    assert err.count("no GPU telemetry") == 1 and reason in err
+
+
+def test_inventory_for_provenance(fresh, monkeypatch):
+    inv = telemetry.gpu_inventory(fake_pynvml(4))
+    assert (inv["source"], inv["count"], inv["driver_version"], inv["cuda_driver_version"]) == ("nvml", 4, "580.95.05", "13.0")
+    d3 = inv["devices"][3]
+    assert d3["name"] == "NVIDIA H200" and d3["uuid"] == "GPU-0003-fake" and d3["pci_bus_id"] == "00000000:1B:00.0"
+    assert d3["memory_total_mib"] == 143771 and d3["power_limit_w"] == 700.0 and d3["power_enforced_limit_w"] == 700.0
+    assert d3["clocks_mhz"] == {"sm_application": 1980, "memory_application": 3201, "sm_default_application": None,
+                                "sm_max": 1980, "memory_max": 3201}
+    assert (d3["persistence_mode"], d3["compute_mode"], d3["mig_mode"]) == (True, 0, 0)
+    none = telemetry.gpu_inventory(fake_pynvml(4, init_error=NVMLError_LibraryNotFound("not found")))
+    assert none["devices"] == [] and none["error"] == "NVML unavailable: NVMLError_LibraryNotFound: not found"
+
+
+def test_provenance_hardware_with_and_without_gpus(fresh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(4))
+    hw = deploy.hardware_info()
+    assert len(hw["gpus"]) == 4 and hw["gpu"]["count"] == 4 and hw["gpu"]["driver_version"] == "580.95.05"
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0))
+    hw = deploy.hardware_info()
+    assert hw["gpus"] is None and hw["gpu"]["count"] == 0 and "no GPU" in hw["gpu"]["error"]
+    prov = {"schema": "specstudy.provenance/1", "deployment_id": "d", "arm": {"name": "baseline", "method": "baseline"},
+            "project": {"revision": None, "dirty": None}, "backend": "local", "container": None, "bind_mounts": [],
+            "command": None, "slurm": None, "models": {"target": None}, "hardware": hw,
+            "software": {"vllm": None, "torch": None}, "corpus": None, "times": {"start": None, "ready": None, "stop": None}}
+    schemas.validate(prov, "provenance", "no-GPU hardware")
+
+
+# ------------------------------------------------------------------------------------------ real GPU
+@pytest.mark.gpu
+def test_real_nvml_sampler_on_this_gpu(tmp_path):
+    """Needs an NVIDIA GPU (skipped with the reason otherwise) and nvidia-ml-py installed."""
+    gpus = telemetry.NvmlGpus()
+    assert gpus.available, gpus.error
+    inv = gpus.inventory()
+    gpus.close()
+    assert inv["driver_version"] and inv["cuda_driver_version"] and inv["devices"][0]["name"]
+    assert inv["devices"][0]["memory_total_mib"] > 1000
+    out = tmp_path / "telemetry.jsonl"
+    with telemetry.TelemetrySampler(out, interval_s=0.2, root_pid=telemetry.os.getpid()) as sampler:
+        time.sleep(1.0)
+    s = sampler.summary()
+    i = inv["devices"][0]["index"]
+    assert s["gpu"]["source"] == "nvml" and s["hardware_source"] == "nvml+psutil"
+    for name in ("memory_used_mib", "utilization_pct", "sm_clock_mhz", "temperature_c"):
+        assert s["series"][f"gpu{i}.{name}"]["count"] >= 3, (name, s)
+    print(json.dumps({"inventory": inv, "summary": s}, indent=1))
+
+
+@pytest.mark.gpu
+def test_real_cuda_launch_is_parsed(fixture_models, tmp_path):
+    """A real vLLM CUDA deployment of the fixture target (eager, small memory share): confounds, start-up, NVML.
+
+    The server's interpreter is ``$SPECSTUDY_VLLM_PYTHON`` (default: this one); it must import a CUDA vLLM.
+    """
+    import os
+    import subprocess
+
+    py = os.environ.get("SPECSTUDY_VLLM_PYTHON") or sys.executable
+    probe = subprocess.run([py, "-c", "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; "
+                            "print(vllm.__version__, torch.__version__)"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        pytest.fail(f"{py} cannot run a CUDA vLLM ({probe.stderr.strip().splitlines()[-1:]}); set SPECSTUDY_VLLM_PYTHON "
+                    "to an interpreter that imports vllm with CUDA torch")
+    engine = {"model": fixture_models["target"], "draft_model": fixture_models["draft"], "python": py,
+              "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True, "readiness_timeout_s": 600,
+              "stop_grace_s": 20, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"},
+              "cache_root": str(tmp_path / "vllm-cache")}
+    arm = {"name": "draft-k2-tp1", "method": "draft_model", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}
+    with deploy.Deployment(engine, arm, results_dir=tmp_path / "results", phase="screen", rep=0) as dep:
+        assert dep.ok, dep.failure
+        with dep.telemetry(tmp_path / "telemetry.jsonl", interval_s=0.2) as tel:
+            time.sleep(1.0)
+    c = dep.confounds
+    assert c["device"] == "cuda" and c["kv_cache"]["device"] == "GPU" and c["kv_cache"]["tokens"] > 0
+    assert c["speculative_method"] == "draft_model" and c["model_loading"]["includes_draft"] is True
+    assert c["attention_backend"]["name"] and c["engine_init_seconds"] > 0
+    assert dep.provenance["compile_cache"]["state"] == "cold"
+    assert dep.provenance["launcher_env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert dep.provenance["hardware"]["gpu"]["source"] == "nvml"
+    assert tel.summary()["gpu"]["source"] == "nvml"
+    startup = dep.record()["startup"]
+    assert startup["cache"] == "cold" and startup["log_clock"] not in (None, "unaligned"), startup
+    assert startup["phases"]["weights"] is not None and startup["total_s"] > 0
+    print(json.dumps({"probe": probe.stdout.strip(), "confounds": c, "startup": startup,
+                      "provenance_hardware": dep.provenance["hardware"]}, indent=1, default=str))
+    assert Path(dep.attempt_dir / "launch.log").exists()
