@@ -104,7 +104,7 @@ def test_config_errors_name_file_field_and_fix(tmp_path):
                                                                       "max_tokens": 64})}
     p = tmp_path / "m.yaml"
     p.write_text(yaml.safe_dump(bad))
-    with pytest.raises(mechanics.MechanicsError, match=r"(?s)m\.yaml.*'mechanics\.cells\.requests'.*at least 64"):
+    with pytest.raises(mechanics.MechanicsError, match=r"(?s)m\.yaml.*'mechanics\.cells\.requests': 16 requests at concurrency 32.*at least 64"):
         mechanics.load_mechanics(p, _study())
     bad = {"mechanics": dict(_mech(), workload="poetry")}
     p.write_text(yaml.safe_dump(bad))
@@ -132,6 +132,7 @@ def test_config_errors_name_file_field_and_fix(tmp_path):
 
 def test_arm_specs_keep_study_names_and_distinct_labels():
     study, m = _study(), mechanics.load_mechanics(MECH_FILE, _study())
+    study["cells"]["requests_by_concurrency"] = {"1": 999}   # the study's per-level counts are not inherited
     specs = {label: mechanics.arm_spec(study, m, label, "results/corpora/smoke") for label in mechanics.arm_labels(m)}
     self_, small = specs["self-draft-k3"], specs["small-draft-k3"]
     assert self_["arm"]["name"] == small["arm"]["name"] == "draft-k3-tp1"   # the study's naming, unchanged
@@ -145,7 +146,11 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
         assert s["engine"]["server"]["gpu_memory_utilization"] == 0.5
         assert s["engine"]["server"]["extra_args"] == ["--max-num-seqs", "64", "--no-enable-prefix-caching"]
         assert s["engine"]["server"]["env"] == study["engine"]["server"]["env"]   # inherited from the study
-        assert s["cell_settings"]["requests"] == 32 and s["cell_settings"]["temperature"] == 0.0
+        assert s["cell_settings"]["requests_by_concurrency"] == {"1": 16, "8": 32, "32": 64}
+        assert s["cell_settings"]["temperature"] == 0.0
+        from specstudy.deployment_run import request_counts
+
+        assert [request_counts(s["cell_settings"], c) for c in (1, 8, 32)] == [(16, 2), (32, 8), (64, 32)]
         deploy.validate_arm(s["arm"])
     # The draft path differs in the launched command, nothing else does (proved on the argv).
     from specstudy.deployment_run import engine_flat

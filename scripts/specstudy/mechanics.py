@@ -88,9 +88,13 @@ def check_mechanics(m: dict, source: str, study_cfg: dict | None = None) -> dict
     conc = m["concurrency"]
     if len(set(conc)) != len(conc):
         problems.append(f"field 'mechanics.concurrency': {conc} lists a level twice; list each once")
-    if max(conc) > m["cells"]["requests"]:
-        problems.append(f"field 'mechanics.cells.requests': {m['cells']['requests']} is fewer than the largest "
-                        f"concurrency {max(conc)}; the cell would never reach it — use at least {2 * max(conc)}")
+    by = m["cells"].get("requests_by_concurrency") or {}
+    for c in conc:
+        n = int(by.get(str(c), m["cells"]["requests"]))
+        if n < c:
+            field = f"requests_by_concurrency.{c}" if str(c) in by else "requests"
+            problems.append(f"field 'mechanics.cells.{field}': {n} requests at concurrency {c} never reach that "
+                            f"concurrency — use at least {2 * c}")
     if study_cfg is not None:
         workloads = (study_cfg.get("corpora") or {}).get("workloads") or {}
         if m["workload"] not in workloads:
@@ -192,8 +196,11 @@ def arm_spec(study_cfg: dict, m: dict, label: str, smoke_corpus_dir: str, result
     if label not in by_label:
         raise MechanicsError(f"mechanics arm {label!r} is not configured (arms: {', '.join(by_label)})")
     a = by_label[label]
+    # Cell sizes are the mechanics config's alone: the study's per-concurrency counts are not inherited.
     settings = dict(study_cfg["cells"], requests=int(m["cells"]["requests"]),
                     warmup_requests=int(m["cells"]["warmup_requests"]),
+                    requests_by_concurrency=dict(m["cells"].get("requests_by_concurrency") or {}),
+                    warmup_requests_by_concurrency=dict(m["cells"].get("warmup_requests_by_concurrency") or {}),
                     reuse_valid=bool(m["cells"].get("reuse_valid", True)))
     return {
         "phase": PHASE, "rep": REP, "kind": "repeat", "block": 1, "order": list(by_label).index(label),
