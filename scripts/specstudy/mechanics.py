@@ -239,6 +239,14 @@ def arm_record_path(label: str, results: str = "results") -> Path:
     return Path(results) / "mechanics" / label / REP / "mechanics-arm.json"
 
 
+def _model_record(path: str | None) -> dict | None:
+    p = Path(path) / "model.json" if path else None
+    try:
+        return atomic.read_json(p) if p is not None and p.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
 def run_arm(spec: dict, out: str | Path, results_root: str | Path = "results", log=print) -> dict:
     """Run one arm's deployment; always write ``<out>/mechanics-arm.json`` (status ok | failed, timings).
 
@@ -253,7 +261,11 @@ def run_arm(spec: dict, out: str | Path, results_root: str | Path = "results", l
     rec = {"schema": "specstudy.mechanics-arm/1", "label": LABEL, "mechanics_label": label, "arm": spec["arm"],
            "draft_model": (spec["engine"].get("draft") or {}).get("path"),
            "target_model": spec["engine"]["target"]["path"], "status": None, "error": None, "exit_code": None,
-           "deployment": str(out / "deployment.json"), "started_unix": t0}
+           "deployment": str(out / "deployment.json"), "started_unix": t0,
+           # the models' records travel with the arm (results/models/ is not copied back from a GPU lease)
+           "models": {role: _model_record(path) for role, path in
+                      (("target", spec["engine"]["target"]["path"]),
+                       ("draft", (spec["engine"].get("draft") or {}).get("path")))}}
     log(f"[mechanics] arm {label}: start ({spec['arm']['name']}, draft {rec['draft_model']})")
     try:
         code = run_deployment(spec, out, results_root=results_root)
@@ -395,10 +407,12 @@ def markdown(result: dict, models: dict | None = None) -> str:
 def write_summary(mech: dict, results: str | Path, out_dir: str | Path) -> dict:
     results, out_dir = Path(results), Path(out_dir)
     result = summarize(mech, results)
-    models = {}
-    for role in ("target", "draft"):
-        p = Path(model_dir(role, str(results))) / "model.json"
-        models[role] = atomic.read_json(p) if p.exists() else None
+    models = {role: _model_record(model_dir(role, str(results))) for role in ("target", "draft")}
+    for a in result["arms"]:  # fall back on the copies in the arms' records
+        rec_path = Path(a["record"])
+        saved = (atomic.read_json(rec_path).get("models") or {}) if rec_path.exists() else {}
+        for role in models:
+            models[role] = models[role] or saved.get(role)
     result["models"] = models
     atomic.write_json(out_dir / "mechanics.json", result)
     atomic.write_text(out_dir / "mechanics.md", markdown(result, models))
