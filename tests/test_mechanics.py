@@ -104,7 +104,7 @@ def test_config_errors_name_file_field_and_fix(tmp_path):
                                                                       "max_tokens": 64})}
     p = tmp_path / "m.yaml"
     p.write_text(yaml.safe_dump(bad))
-    with pytest.raises(mechanics.MechanicsError, match=r"(?s)m\.yaml.*'mechanics\.cells\.requests'.*at least 64"):
+    with pytest.raises(mechanics.MechanicsError, match=r"(?s)m\.yaml.*'mechanics\.cells\.requests': 16 requests at concurrency 32.*at least 64"):
         mechanics.load_mechanics(p, _study())
     bad = {"mechanics": dict(_mech(), workload="poetry")}
     p.write_text(yaml.safe_dump(bad))
@@ -122,12 +122,17 @@ def test_config_errors_name_file_field_and_fix(tmp_path):
     p.write_text(yaml.safe_dump(bad))
     with pytest.raises(mechanics.MechanicsError, match=r"(?s)'mechanics\.cells\.max_tokens'.*max_model_len 2048"):
         mechanics.load_mechanics(p, _study())
+    bad = {"mechanics": dict(_mech(), engine={"server": {"extra_args": ["--max-num-seqs=16"]}})}
+    p.write_text(yaml.safe_dump(bad))
+    with pytest.raises(mechanics.MechanicsError, match=r"(?s)'mechanics\.engine\.server\.extra_args'.*--max-num-seqs 16"):
+        mechanics.load_mechanics(p, _study())
     with pytest.raises(mechanics.MechanicsError, match="file not found"):
         mechanics.load_mechanics(tmp_path / "none.yaml")
 
 
 def test_arm_specs_keep_study_names_and_distinct_labels():
     study, m = _study(), mechanics.load_mechanics(MECH_FILE, _study())
+    study["cells"]["requests_by_concurrency"] = {"1": 999}   # the study's per-level counts are not inherited
     specs = {label: mechanics.arm_spec(study, m, label, "results/corpora/smoke") for label in mechanics.arm_labels(m)}
     self_, small = specs["self-draft-k3"], specs["small-draft-k3"]
     assert self_["arm"]["name"] == small["arm"]["name"] == "draft-k3-tp1"   # the study's naming, unchanged
@@ -139,8 +144,13 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
         assert s["phase"] == "mechanics" and [c["concurrency"] for c in s["cells"]] == [1, 8, 32]
         assert s["engine"]["target"]["max_model_len"] == 2048
         assert s["engine"]["server"]["gpu_memory_utilization"] == 0.5
-        assert s["engine"]["server"]["extra_args"] == study["engine"]["server"]["extra_args"]   # inherited
-        assert s["cell_settings"]["requests"] == 32 and s["cell_settings"]["temperature"] == 0.0
+        assert s["engine"]["server"]["extra_args"] == ["--max-num-seqs", "64", "--no-enable-prefix-caching"]
+        assert s["engine"]["server"]["env"] == study["engine"]["server"]["env"]   # inherited from the study
+        assert s["cell_settings"]["requests_by_concurrency"] == {"1": 16, "8": 32, "32": 64}
+        assert s["cell_settings"]["temperature"] == 0.0
+        from specstudy.deployment_run import request_counts
+
+        assert [request_counts(s["cell_settings"], c) for c in (1, 8, 32)] == [(16, 2), (32, 8), (64, 32)]
         deploy.validate_arm(s["arm"])
     # The draft path differs in the launched command, nothing else does (proved on the argv).
     from specstudy.deployment_run import engine_flat
@@ -219,7 +229,7 @@ def test_analysis_on_constructed_cells(tmp_path):
     bad = rows[("small-draft-k3", 32)]
     assert not bad["valid"] and bad["tpot_p50_ms"] is None and "low_success_rate" in bad["invalid_reasons"]
     ng = rows[("ngram-k3", 8)]
-    assert ng["arm_status"] == "failed" and ng["tpot_p50_ms"] is None and "arm failed" in ng["invalid_reasons"]
+    assert ng["arm_status"] == "failed" and ng["tpot_p50_ms"] is None and "status failed" in ng["invalid_reasons"]
     md = (res / "mechanics" / "mechanics.md").read_text()
     assert md.startswith(f"# Decode mechanics: {mechanics.LABEL}")
     table = [ln for ln in md.splitlines() if ln.startswith("| mechanics")]
@@ -243,7 +253,8 @@ def test_run_arm_records_an_exception_and_returns(tmp_path):
 
 @pytest.mark.vllm
 def test_tiny_random_arms_on_vllm_cpu(tmp_path, tokenizer_dir, vllm_available, monkeypatch):
-    """Baseline, self-draft (acceptance 1) and small random draft on vllm-cpu, through run_arm."""
+    """Self-draft (acceptance 1) and the small random draft on vllm-cpu, through run_arm (two server starts;
+    the baseline's deployment path is covered by test_deployment_run.py). ~4-9 min on a shared 2-core machine."""
     from specstudy import corpus
 
     monkeypatch.chdir(tmp_path)
@@ -262,16 +273,20 @@ def test_tiny_random_arms_on_vllm_cpu(tmp_path, tokenizer_dir, vllm_available, m
               engine={"target": {"max_model_len": 1024, "dtype": "float32"}, "server": {"gpu_memory_utilization": 0.1}})
     mechanics.check_mechanics(m, "test", study)
     mechanics.derive_corpus(built["open_chat"], mechanics.corpus_dir(m, res), 16)
-    for label in mechanics.arm_labels(m):
+    for label in ("self-draft-k2", "small-draft-k2"):
         spec = mechanics.arm_spec(study, m, label, built["smoke"], res)
         rec = mechanics.run_arm(spec, Path(res) / "mechanics" / label / "rep1", results_root=res)
         assert rec["status"] == "ok", rec["error"]
     result = mechanics.write_summary(m, res, Path(res) / "mechanics")
     rows = {r["mechanics_label"]: r for r in result["rows"]}
-    assert all(r["valid"] for r in rows.values()), [r["invalid_reasons"] for r in rows.values()]
+    assert rows["baseline"]["arm_status"] == "missing" and "has not run" in rows["baseline"]["invalid_reasons"]
+    drafts = [rows["self-draft-k2"], rows["small-draft-k2"]]
+    assert all(r["valid"] for r in drafts), [r["invalid_reasons"] for r in drafts]
     assert rows["self-draft-k2"]["acceptance_rate"] == pytest.approx(1.0, abs=0.02)   # the target drafts for itself
     assert rows["small-draft-k2"]["acceptance_rate"] < 0.5
-    assert rows["self-draft-k2"]["step_time_ms"] > 0 and rows["baseline"]["mean_acceptance_length"] == 1.0
+    assert rows["self-draft-k2"]["mean_acceptance_length"] == pytest.approx(3.0, abs=0.06)
+    assert rows["self-draft-k2"]["step_time_ms"] == pytest.approx(
+        rows["self-draft-k2"]["tpot_p50_ms"] * rows["self-draft-k2"]["mean_acceptance_length"])
     dep = atomic.read_json(Path(res) / "mechanics" / "self-draft-k2" / "rep1" / "deployment.json")
     assert dep["phase"] == "mechanics" and dep["arm"]["mechanics_label"] == "self-draft-k2"
 
@@ -286,3 +301,45 @@ def test_8b_random_target_builds_on_a_gpu(tmp_path, tokenizer_dir):
     assert rec["init_seconds"] < 120
     size = sum(p.stat().st_size for p in (tmp_path / "t").glob("*.safetensors"))
     assert 2 * rec["parameters"]["total"] <= size < 2 * rec["parameters"]["total"] + 50_000_000   # bf16 weights
+
+
+# ----------------------------------------------------------------------------- workflow
+
+def test_decode_mechanics_dag_is_apart_from_the_study(tmp_path):
+    """Dry runs on a copy of the workflow: decode_mechanics builds two models, one corpus, four arms (one at a
+    time) and a summary; `all` contains none of it; a bad mechanics file stops the DAG with its name."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def sm(*args):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "4", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    def counts(out):
+        m = re.search(r"Job stats:\n(.*?)\n\s*total", out, re.S)
+        return {p[0]: int(p[1]) for p in (ln.split() for ln in m.group(1).splitlines()) if len(p) == 2 and p[1].isdigit()}
+
+    proc = sm("-n", "-p", "decode_mechanics")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    c = counts(proc.stdout)
+    assert c["random_model"] == 2 and c["mechanics_corpus"] == 1 and c["mechanics_run"] == 4
+    assert c["mechanics_summary"] == 1
+    assert '"mechanics_label":"small-draft-k3"' in proc.stdout and "--preset llama-8b" in proc.stdout
+    assert "threads: 4" in proc.stdout   # every arm takes all cores: arms never share the GPU
+    proc = sm("-n", "all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not {"random_model", "mechanics_run", "mechanics_summary"} & set(counts(proc.stdout))
+    cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    cfg["mechanics"] = "config/nope.yaml"
+    (tmp_path / "config" / "other.yaml").write_text(yaml.safe_dump(cfg))
+    proc = sm("-n", "decode_mechanics", "--configfile", "config/other.yaml")
+    assert proc.returncode != 0 and "config/nope.yaml: file not found" in proc.stdout + proc.stderr

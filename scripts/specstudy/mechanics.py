@@ -88,9 +88,13 @@ def check_mechanics(m: dict, source: str, study_cfg: dict | None = None) -> dict
     conc = m["concurrency"]
     if len(set(conc)) != len(conc):
         problems.append(f"field 'mechanics.concurrency': {conc} lists a level twice; list each once")
-    if max(conc) > m["cells"]["requests"]:
-        problems.append(f"field 'mechanics.cells.requests': {m['cells']['requests']} is fewer than the largest "
-                        f"concurrency {max(conc)}; the cell would never reach it — use at least {2 * max(conc)}")
+    by = m["cells"].get("requests_by_concurrency") or {}
+    for c in conc:
+        n = int(by.get(str(c), m["cells"]["requests"]))
+        if n < c:
+            field = f"requests_by_concurrency.{c}" if str(c) in by else "requests"
+            problems.append(f"field 'mechanics.cells.{field}': {n} requests at concurrency {c} never reach that "
+                            f"concurrency — use at least {2 * c}")
     if study_cfg is not None:
         workloads = (study_cfg.get("corpora") or {}).get("workloads") or {}
         if m["workload"] not in workloads:
@@ -101,9 +105,27 @@ def check_mechanics(m: dict, source: str, study_cfg: dict | None = None) -> dict
         if m["cells"]["max_tokens"] >= mml:
             problems.append(f"field 'mechanics.cells.max_tokens': {m['cells']['max_tokens']} leaves no room for the "
                             f"prompt in max_model_len {mml}; lower it or raise mechanics.engine.target.max_model_len")
+        args = [str(a) for a in (_merge(study_cfg["engine"], m.get("engine") or {}).get("server") or {}).get("extra_args") or []]
+        seqs = _flag_value(args, "--max-num-seqs")
+        if seqs is not None and seqs < max(conc):
+            problems.append(f"field 'mechanics.engine.server.extra_args': the study's --max-num-seqs {seqs} is below the "
+                            f"largest mechanics concurrency {max(conc)}, so that level would queue instead of batching; "
+                            "give mechanics.engine.server.extra_args with --max-num-seqs >= it (the list replaces the study's)")
     if problems:
         raise MechanicsError(f"{source}: invalid mechanics config:\n  - " + "\n  - ".join(problems))
     return m
+
+
+def _flag_value(args: list[str], flag: str) -> int | None:
+    for i, a in enumerate(args):
+        try:
+            if a == flag and i + 1 < len(args):
+                return int(args[i + 1])
+            if a.startswith(flag + "="):
+                return int(a.split("=", 1)[1])
+        except ValueError:
+            return None
+    return None
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -174,8 +196,11 @@ def arm_spec(study_cfg: dict, m: dict, label: str, smoke_corpus_dir: str, result
     if label not in by_label:
         raise MechanicsError(f"mechanics arm {label!r} is not configured (arms: {', '.join(by_label)})")
     a = by_label[label]
+    # Cell sizes are the mechanics config's alone: the study's per-concurrency counts are not inherited.
     settings = dict(study_cfg["cells"], requests=int(m["cells"]["requests"]),
                     warmup_requests=int(m["cells"]["warmup_requests"]),
+                    requests_by_concurrency=dict(m["cells"].get("requests_by_concurrency") or {}),
+                    warmup_requests_by_concurrency=dict(m["cells"].get("warmup_requests_by_concurrency") or {}),
                     reuse_valid=bool(m["cells"].get("reuse_valid", True)))
     return {
         "phase": PHASE, "rep": REP, "kind": "repeat", "block": 1, "order": list(by_label).index(label),
@@ -214,6 +239,14 @@ def arm_record_path(label: str, results: str = "results") -> Path:
     return Path(results) / "mechanics" / label / REP / "mechanics-arm.json"
 
 
+def _model_record(path: str | None) -> dict | None:
+    p = Path(path) / "model.json" if path else None
+    try:
+        return atomic.read_json(p) if p is not None and p.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
 def run_arm(spec: dict, out: str | Path, results_root: str | Path = "results", log=print) -> dict:
     """Run one arm's deployment; always write ``<out>/mechanics-arm.json`` (status ok | failed, timings).
 
@@ -228,7 +261,11 @@ def run_arm(spec: dict, out: str | Path, results_root: str | Path = "results", l
     rec = {"schema": "specstudy.mechanics-arm/1", "label": LABEL, "mechanics_label": label, "arm": spec["arm"],
            "draft_model": (spec["engine"].get("draft") or {}).get("path"),
            "target_model": spec["engine"]["target"]["path"], "status": None, "error": None, "exit_code": None,
-           "deployment": str(out / "deployment.json"), "started_unix": t0}
+           "deployment": str(out / "deployment.json"), "started_unix": t0,
+           # the models' records travel with the arm (results/models/ is not copied back from a GPU lease)
+           "models": {role: _model_record(path) for role, path in
+                      (("target", spec["engine"]["target"]["path"]),
+                       ("draft", (spec["engine"].get("draft") or {}).get("path")))}}
     log(f"[mechanics] arm {label}: start ({spec['arm']['name']}, draft {rec['draft_model']})")
     try:
         code = run_deployment(spec, out, results_root=results_root)
@@ -271,7 +308,8 @@ def cell_row(label: str, arm: dict, summary: dict | None, concurrency: int, stat
            "drafts": None, "draft_tokens": None, "accepted_tokens": None, "acceptance_rate": None,
            "mean_acceptance_length": None, "step_time_ms": None}
     if summary is None:
-        row["invalid_reasons"] = "no cell summary (the arm failed before this cell)"
+        row["invalid_reasons"] = ("no cell summary: the arm has not run (no mechanics-arm.json)" if status == "missing"
+                                  else f"no cell summary (arm status {status}: it stopped before this cell)")
         return row
     v = summary.get("validity") or {}
     row["valid"] = bool(v.get("valid"))
@@ -369,10 +407,12 @@ def markdown(result: dict, models: dict | None = None) -> str:
 def write_summary(mech: dict, results: str | Path, out_dir: str | Path) -> dict:
     results, out_dir = Path(results), Path(out_dir)
     result = summarize(mech, results)
-    models = {}
-    for role in ("target", "draft"):
-        p = Path(model_dir(role, str(results))) / "model.json"
-        models[role] = atomic.read_json(p) if p.exists() else None
+    models = {role: _model_record(model_dir(role, str(results))) for role in ("target", "draft")}
+    for a in result["arms"]:  # fall back on the copies in the arms' records
+        rec_path = Path(a["record"])
+        saved = (atomic.read_json(rec_path).get("models") or {}) if rec_path.exists() else {}
+        for role in models:
+            models[role] = models[role] or saved.get(role)
     result["models"] = models
     atomic.write_json(out_dir / "mechanics.json", result)
     atomic.write_text(out_dir / "mechanics.md", markdown(result, models))
@@ -410,7 +450,8 @@ def _cmd_spec(args) -> int:
 def _cmd_run(args) -> int:
     spec = json.loads(args.spec)
     rec = run_arm(spec, args.out)
-    return 0 if rec["status"] in ("ok", "failed") else 1
+    code = rec.get("exit_code") or 0
+    return code if code >= 128 else 0   # cancelled (signal): fail the job so that a re-run resumes it
 
 
 def _cmd_corpus(args) -> int:
@@ -424,6 +465,8 @@ def _cmd_summary(args) -> int:
     m = load_mechanics(args.mechanics, study)
     result = write_summary(m, args.results, args.out)
     ok = sum(1 for a in result["arms"] if a["status"] == "ok")
+    for a in result["arms"]:
+        print(f"{LABEL}: arm {a['mechanics_label']}: {a['status']}, {a['seconds']} s" + (f" — {a['error']}" if a["error"] else ""))
     print(f"{LABEL}: {ok}/{len(result['arms'])} arms ok; {args.out}/mechanics.md")
     return 0
 

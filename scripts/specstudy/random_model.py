@@ -91,8 +91,7 @@ def build_random_model(out: str | Path, preset: str, seed: int, tokenizer_dir: s
         f"embeddings), {dtype} on {device}, seed {seed}")
     t0 = time.time()
     config = LlamaConfig(**kwargs)
-    config.dtype = dtype  # transformers 5 spelling; older versions read torch_dtype
-    config.torch_dtype = dtype
+    config.dtype = dtype  # recorded in config.json (transformers >= 4.56 spelling; torch_dtype is deprecated)
     previous = torch.get_default_dtype()
     torch.manual_seed(seed)
     if device.startswith("cuda"):
