@@ -61,7 +61,7 @@ def render_markdown(blocks: list[Block]) -> str:
             out.append("| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
                        + "".join("| " + " | ".join(r) + " |\n" for r in esc))
         elif kind == "img":
-            out.append(f"![{b[2]}]({b[1]})\n")
+            out.append(f"![{b[2]}]({b[1]})\n\n*Figure: {b[2]}*\n")
         elif kind == "pre":
             out.append("```\n" + b[1].rstrip("\n") + "\n```\n")
     return "\n".join(out)
@@ -73,6 +73,7 @@ def render_html(blocks: list[Block], title: str) -> str:
              "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
              "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px}"
              "th{background:#eee}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
+             "figure{margin:1em 0}figcaption{font-size:90%;color:#444}"
              "</style></head><body>"]
     for b in blocks:
         kind = b[0]
@@ -90,7 +91,7 @@ def render_html(blocks: list[Block], title: str) -> str:
                          + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
                          + "</table>")
         elif kind == "img":
-            parts.append(f"<p><img src='{e(b[1])}' alt='{e(b[2])}'></p>")
+            parts.append(f"<figure><img src='{e(b[1])}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
         elif kind == "pre":
             parts.append(f"<pre>{e(b[1])}</pre>")
     parts.append("</body></html>\n")
@@ -337,12 +338,11 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     B.append(("h", 1, "Speculative decoding study report"))
     B.append(("p", f"Built from {tables_dir} (tables rebuilt from raw artifacts under {results}). "
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
-    B.append(("h", 2, "Missing pieces"))
-    B.append(("ul", missing or ["nothing: all inputs present"]))
-
-    # --- recommendation
+    # --- recommendation first
     B.append(("h", 2, "Recommendation"))
     patches = _recommendation_section(B, rec, deps, s, out)
+    B.append(("h", 2, "Missing pieces"))
+    B.append(("ul", missing or ["nothing: all inputs present"]))
 
     # --- results tables
     for phase in ("confirm", "screen"):
@@ -400,13 +400,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
               [[h["id"], h["statement"], h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
     _method_section(B, s)
     _capacity_section(B, results, out)
+    from specstudy import duty
+
+    duty_rows = duty.report_section(B, results)
 
     md = render_markdown(B)
     atomic.write_text(out / "report.md", md)
     atomic.write_text(out / "report.html", render_html(B, "specstudy report"))
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
-               "model": model, "comparisons": comps, "memory_costs": mem}
+               "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
