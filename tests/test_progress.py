@@ -191,3 +191,64 @@ def test_cost_preview_uses_measured_records(tmp_path):
     assert pv["figures"]["seconds_per_request"][4] == pytest.approx(0.5)
     assert pv["sources"]["seconds_per_request[c=1]"].startswith("declared")
     assert pv["sources"]["seconds_per_request[c=4]"].startswith("measured")
+
+
+def test_progress_reaches_the_terminal_under_make_study(tmp_path):
+    """SPECSTUDY_PROGRESS_TTY=1 (set by `make study`): lines also go to the controlling terminal, while
+    stdout (the job log) still gets them; without a terminal nothing breaks."""
+    import pty
+
+    log = tmp_path / "job.log"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+            "from specstudy.progress import Progress\n"
+            "p = Progress('screen-baseline-rep1', interval_s=0.2).start(); p.phase('launch'); time.sleep(0.5); p.close()\n")
+    pid, fd = pty.fork()
+    if pid == 0:  # child: its controlling terminal is the pty; stdout goes to the log, like a Snakemake job
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.execve(sys.executable, [sys.executable, "-c", code], dict(os.environ, SPECSTUDY_PROGRESS_TTY="1"))
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.waitpid(pid, 0)
+    tty_text = seen.decode()
+    assert "[screen-baseline-rep1] [progress 00:00:00] launch" in tty_text, tty_text
+    assert tty_text.count("[progress") >= 2  # the heartbeat too
+    assert log.read_text().startswith("[progress 00:00:00] launch")
+    env = dict(os.environ, SPECSTUDY_PROGRESS_TTY="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          start_new_session=True)  # no controlling terminal at all
+    assert proc.returncode == 0 and "[progress" in proc.stdout, proc.stderr
+
+
+def test_rich_live_status_on_a_terminal():
+    out = io.StringIO()
+    p = Progress("dep-x", stream=out, live=True, total_requests=4)
+    p.phase("measure", cell="code/c1")
+    p.start_requests(4)
+    p.request_done({"completion_tokens": 3})
+    p.close()
+    assert "[progress 00:00:00] measure" in out.getvalue()  # phase lines are printed above the live status
+
+
+def test_capacity_search_prints_each_step_and_soak_with_its_verdict(tmp_path, capsys):
+    from specstudy import capacity
+    from test_capacity import GATES, synthetic
+
+    search = {"start_rate_rps": 2.0, "growth": 2.0, "resolution_frac": 0.2, "step_duration_s": 8, "warmup_s": 2,
+              "soak": {"count": 1, "duration_s": 12}}
+    knee = capacity.run_capacity("http://x", "m", [], GATES, search, tmp_path, None, arm="baseline",
+                                 step_runner=synthetic(6.0), soak_runner=synthetic(6.0))
+    out = capsys.readouterr().out
+    assert "[capacity] step 1: offering 2 req/s for 2 s warm-up + 8 s" in out, out
+    assert re.search(r"\[capacity\] step \w+ #0: 2 req/s offered, 2 achieved, TTFT p95 120 ms, .* -> PASS; failed gates: none",
+                     out), out
+    assert re.search(r"-> FAIL; failed gates: [a-z_0-9, ]*ttft", out), out
+    assert "[capacity] soak 1: offering" in out and re.search(r"\[capacity\] soak \w+ #0: .* -> (PASS|FAIL)", out), out
+    assert f"[capacity] baseline: knee {knee['knee_rps']} req/s, status {knee['status']}" in out
