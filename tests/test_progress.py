@@ -251,4 +251,4 @@ def test_capacity_search_prints_each_step_and_soak_with_its_verdict(tmp_path, ca
                      out), out
     assert re.search(r"-> FAIL; failed gates: [a-z_0-9, ]*ttft", out), out
     assert "[capacity] soak 1: offering" in out and re.search(r"\[capacity\] soak \w+ #0: .* -> (PASS|FAIL)", out), out
-    assert f"[capacity] baseline: knee {knee['knee_rps']} req/s, status {knee['status']}" in out
+    assert f"[capacity] baseline: knee {knee['knee_rps']:.4g} req/s, status {knee['status']}" in out

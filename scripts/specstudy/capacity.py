@@ -999,7 +999,7 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
         _say(progress, _verdict_line(row, "soak"))
 
     outcome = search(step_runner, g, s, soak_runner=soak_runner, on_step=on_step, on_soak=on_soak, arm=arm)
-    _say(progress, f"[capacity] {arm}: knee {outcome.knee.get('knee_rps')} req/s, status {outcome.knee.get('status')}")
+    _say(progress, f"[capacity] {arm}: knee {_fmt(outcome.knee.get('knee_rps'))} req/s, status {outcome.knee.get('status')}")
     if not soaks:
         atomic.write_jsonl(out / "soaks.jsonl", [])
     knee = dict(outcome.knee)
@@ -1032,8 +1032,8 @@ def _announced(runner, kind: str, search_cfg: dict, progress):
     def wrapped(rate: float):
         count["n"] += 1
         if progress is not None:
-            progress.detail = f"{kind} {count['n']} at {rate:.3g} req/s"
-        _say(progress, f"[capacity] {kind} {count['n']}: offering {rate:.3g} req/s for "
+            progress.detail = f"{kind} {count['n']} at {rate:.4g} req/s"
+        _say(progress, f"[capacity] {kind} {count['n']}: offering {rate:.4g} req/s for "
                        f"{search_cfg['warmup_s']:g} s warm-up + {duration:g} s")
         return runner(rate)
 
@@ -1049,7 +1049,7 @@ def _verdict_line(row: dict, kind: str) -> str:
 
 
 def _fmt(v) -> str:
-    return "–" if v is None else f"{v:.3g}"
+    return "–" if v is None else f"{v:.4g}"
 
 
 # --------------------------------------------------------------------------------------------
