@@ -7,7 +7,8 @@ warm-up, measuring, draining, the capacity search and stopping; what no phase co
 checks, provenance, writing records) is ``other``. Records written before the timeline existed
 contribute start-up (``times.ready − times.start``) and the rest as ``other``.
 
-Records reused by a later job (``reused_by``) are counted once, by their own deployment id.
+A record republished by a later job that reused every cell (``reused_by``) is the earlier
+deployment's own record: it is counted once, under its own deployment id.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def records(results: str | Path) -> list[dict]:
                 rec = json.loads(p.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if not isinstance(rec, dict) or rec.get("deployment_id") in seen or rec.get("reused_by"):
+            if not isinstance(rec, dict) or rec.get("deployment_id") in seen:
                 continue
             seen.add(rec.get("deployment_id"))
             rec["_phase_dir"] = ph
