@@ -89,7 +89,7 @@ def measured(results: str | Path) -> dict:
             "stop_s": _median(stop), "capacity_search_s": _median(cap), "drain_s": _median(drains),
             "seconds_per_request": {c: statistics.median(v) for c, v in sorted(per_req.items())},
             "n": {"startup": len(startup), "smoke": len(smoke), "stop": len(stop), "capacity": len(cap),
-                  "cells": sum(len(v) for v in per_req.values())}}
+                  "cells": sum(len(v) for v in per_req.values()), "drain": len(drains)}}
 
 
 # ------------------------------------------------------------------------------- profile
@@ -139,7 +139,7 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
     startup = pick("startup_s", "startup")
     smoke = pick("smoke_s", "smoke")
     stop = pick("stop_s", "stop")
-    drain = pick("drain_s", "cells")
+    drain = pick("drain_s", "drain")
     cap_search = pick("capacity_search_s", "capacity")
     mreq = meas["seconds_per_request"]
     req_sources: dict[int, str] = {}
