@@ -7,8 +7,10 @@ export PATH := $(abspath $(BIN)):$(PATH)
 CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
+# Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
+CONFIG ?= config/config.yaml
 
-.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench bench-decision confirm-again clean-results
+.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench bench-decision confirm-again clean-results cost
 
 install:
 	envs/install.sh embedded
@@ -20,6 +22,9 @@ install-harness:
 gpu-stage:
 	python3 envs/gpu/stage.py
 
+# Deployment jobs also write their progress lines to this terminal (specstudy/progress.py).
+study screen confirm capacity: export SPECSTUDY_PROGRESS_TTY = 1
+
 study: install
 	$(BIN)/snakemake --profile $(PROFILE) all
 
@@ -30,6 +35,7 @@ screen confirm capacity report: install
 # under CI=true (.ci/run) it fails the run, and so does any skipped test (tests/ci_skips.py).
 test: install
 	tests/slurm/ensure-slurm-packages.sh
+	tests/ensure-chromium.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install
@@ -53,6 +59,10 @@ confirm-again: install
 	$(BIN)/specstudy confirm-archive --results results --to results-archive
 	$(BIN)/snakemake --profile $(PROFILE) confirm
 	$(BIN)/specstudy confirm-show results-archive/confirm-* results/confirm/rounds
+
+# What the study will cost before launching it: deployments, cells, requests, wall time, node-hours.
+cost: install
+	$(BIN)/specstudy plan --cost --config $(CONFIG) --profile $(PROFILE)
 
 clean-results:
 	rm -rf results .snakemake

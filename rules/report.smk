@@ -21,8 +21,12 @@ rule build_report:
     input:
         unpack(report_inputs),
     output:
-        markdown=report("results/report/report.md", category="Report"),
+        markdown=report("results/report/report.md", caption="../report/report.rst", category="Report"),
         html="results/report/report.html",
+        recommendation=report("results/report/recommendation.json", caption="../report/recommendation.rst",
+                              category="Report"),
+        plots=report(directory("results/report/plots"), patterns=["{name}.png"], caption="../report/plot.rst",
+                     category="Plots", labels={"figure": "{name}"}),
     log:
         "results/logs/report/report.log",
     params:

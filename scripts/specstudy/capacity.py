@@ -947,13 +947,15 @@ def plot_capacity(steps: list[dict], soaks: list[dict], knee: dict, gates: dict,
 def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir, metrics_url: str | None,
                  deployment_record=None, *, arm: str | None = None, api_key: str | None = None,
                  step_runner: Callable[[float], StepResult] | None = None,
-                 soak_runner: Callable[[float], StepResult] | None = None) -> dict:
+                 soak_runner: Callable[[float], StepResult] | None = None, progress=None) -> dict:
     """Run the whole capacity search for one arm against a running server; return ``knee.json``.
 
     ``gates``/``search_cfg``: dicts, inline JSON or file paths (defaults filled). ``prompts``: a
     ``prompts.jsonl`` path or rows. ``deployment_record``: dict or path of the arm's
     ``deployment.json`` (copied into knee.json: KV capacity, memory confounds). ``step_runner`` /
-    ``soak_runner`` replace the real runners (tests).
+    ``soak_runner`` replace the real runners (tests). Every step and soak is announced before it
+    runs and printed with its verdict after (``progress``: a :class:`specstudy.progress.Progress`,
+    else flushed lines on stdout).
     """
     from specstudy import schemas
 
@@ -982,18 +984,22 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
                                                       kind="soak", api_key=api_key)
     steps: list[dict] = []
     soaks: list[dict] = []
+    step_runner, soak_runner = _announced(step_runner, "step", s, progress), _announced(soak_runner, "soak", s, progress)
 
     def on_step(row):
         schemas.validate(row, "capacity-step", out / "steps.jsonl")
         steps.append(row)
         atomic.write_jsonl(out / "steps.jsonl", steps)
+        _say(progress, _verdict_line(row, "step"))
 
     def on_soak(row):
         schemas.validate(row, "capacity-step", out / "soaks.jsonl")
         soaks.append(row)
         atomic.write_jsonl(out / "soaks.jsonl", soaks)
+        _say(progress, _verdict_line(row, "soak"))
 
     outcome = search(step_runner, g, s, soak_runner=soak_runner, on_step=on_step, on_soak=on_soak, arm=arm)
+    _say(progress, f"[capacity] {arm}: knee {_fmt(outcome.knee.get('knee_rps'))} req/s, status {outcome.knee.get('status')}")
     if not soaks:
         atomic.write_jsonl(out / "soaks.jsonl", [])
     knee = dict(outcome.knee)
@@ -1007,6 +1013,43 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
         knee["reasons"].append({"code": "plot_failed", "detail": f"{type(exc).__name__}: {exc}"})
         atomic.write_json(out / "knee.json", knee)
     return knee
+
+
+def _say(progress, message: str) -> None:
+    if progress is not None:
+        progress.log(message)
+    else:
+        print(message, flush=True)
+
+
+def _announced(runner, kind: str, search_cfg: dict, progress):
+    """``runner`` that first says which step/soak starts, at what rate and for how long."""
+    if runner is None:
+        return None
+    count = {"n": 0}
+    duration = search_cfg["soak"]["duration_s"] if kind == "soak" else search_cfg["step_duration_s"]
+
+    def wrapped(rate: float):
+        count["n"] += 1
+        if progress is not None:
+            progress.detail = f"{kind} {count['n']} at {rate:.4g} req/s"
+        _say(progress, f"[capacity] {kind} {count['n']}: offering {rate:.4g} req/s for "
+                       f"{search_cfg['warmup_s']:g} s warm-up + {duration:g} s")
+        return runner(rate)
+
+    return wrapped
+
+
+def _verdict_line(row: dict, kind: str) -> str:
+    failed = ", ".join(row.get("failed_gates") or []) or "none"
+    return (f"[capacity] {kind} {row.get('phase')} #{row.get('index')}: {_fmt(row.get('offered_rate'))} req/s offered, "
+            f"{_fmt(row.get('achieved_rate'))} achieved, TTFT p95 {_fmt(row.get('ttft_p95_ms'))} ms, "
+            f"TPOT p95 {_fmt(row.get('tpot_p95_ms'))} ms -> {str(row.get('verdict')).upper()}"
+            f"{' (client-limited)' if row.get('client_limited') else ''}; failed gates: {failed}")
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else f"{v:.4g}"
 
 
 # --------------------------------------------------------------------------------------------

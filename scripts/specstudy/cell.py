@@ -504,6 +504,7 @@ def run_cell(
     confounds: dict | None = None,
     thresholds: dict | None = None,
     metrics_timeout_s: float = 10.0,
+    progress=None,
 ) -> dict:
     """Measure one cell and write its raw artifacts + ``summary.json`` atomically into ``out_dir``.
 
@@ -511,17 +512,27 @@ def run_cell(
     run of ``requests`` → scrape ``metrics_after`` → drain. An unreachable ``/metrics`` becomes the
     reason ``metrics_unreachable``, never an exception. ``sampler`` (optional) has ``start()`` and
     ``stop()``; ``stop()`` returns a list of telemetry sample dicts (written to telemetry.jsonl) or a
-    ready summary dict.
+    ready summary dict. ``progress`` (optional, :class:`specstudy.progress.Progress`) is told the
+    warm-up/measure/drain phases and every finished request.
     """
     from specstudy import loadgen
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     common = dict(temperature=temperature, seed=seed, request_timeout_s=request_timeout_s, api_key=api_key, limits=limits)
+    if progress is not None:
+        common["on_row"] = progress.request_done
+
+    def mark(phase: str, n: int | None = None) -> None:
+        if progress is not None:
+            if n is not None:
+                progress.start_requests(n)
+            progress.phase(phase, cell=f"{keys.get('workload')}/c{keys.get('concurrency')}")
 
     warm_counts = {"attempted": 0, "successful": 0}
     warm_rows: list[dict] = []
     if warmup_requests:
+        mark("warmup", len(warmup_requests))
         warm = loadgen.run_closed_loop(base_url, model, list(warmup_requests), concurrency, **common)
         warm_rows = warm.rows
         warm_counts = {"attempted": len(warm.rows), "successful": sum(1 for r in warm.rows if is_success(r))}
@@ -533,6 +544,7 @@ def run_cell(
         errors["before"] = err
     if sampler is not None:
         sampler.start()
+    mark("measure", len(requests))
     started = time.time()
     try:
         result = loadgen.run_closed_loop(base_url, model, list(requests), concurrency, **common)
@@ -541,7 +553,10 @@ def run_cell(
     after, err = _scrape(metrics_url, metrics_timeout_s)
     if err:
         errors["after"] = err
+    mark("drain")
     drained = drain(metrics_url, drain_timeout_s)
+    if progress is not None:
+        progress.end_phase()
 
     atomic.write_jsonl(out / "requests.jsonl", result.rows)
     if before is not None:

@@ -209,6 +209,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     from . import cell as cellmod
     from . import corpus as corpusmod
     from . import deploy, gate, telemetry
+    from .progress import Progress
 
     out = Path(out)
     results_root = Path(results_root)
@@ -219,7 +220,8 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     deployment_id = deploy.new_deployment_id(phase, arm["name"], rep)
     attempt = out / "attempts" / deployment_id
     attempt.mkdir(parents=True, exist_ok=True)
-    log = print
+    progress = Progress(deployment_id).start()
+    log = progress.log
     log(f"deployment {deployment_id}: {len(spec['cells'])} cells, attempt dir {attempt}")
 
     plan = atomic.read_json(plan_path) if plan_path else {}
@@ -250,6 +252,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
         entry["reuse"] = prev
         cells.append(entry)
     to_measure = [e for e in cells if e["reuse"] is None and "mismatch" not in e]
+    progress.total_requests = len(to_measure) * (int(settings["requests"]) + int(settings["warmup_requests"]))
     previous = _previous_ok_record(out)
     need_server = bool(to_measure) or spec["kind"] == "capacity"
     cell_records = []
@@ -290,6 +293,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                                     smoke={"captures": []}, times=times, kind=spec["kind"]))
         rec["cells"] = cell_records
         rec["reused_by"] = deployment_id
+        progress.close()
         _write_record(out, attempt, rec)
         return 0
 
@@ -302,11 +306,13 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     with deploy.stop_on_signals(lambda: server, grace_s=float(eng["stop_grace_s"])):
         try:
             try:
+                progress.phase("launch")
                 server, backend = deploy.launch(eng, arm, attempt_dir=attempt, served_model_name=served)
                 command = server.record_command
                 log(f"server starting: pid {server.pid} {server.base_url}")
                 deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
                 times["ready"] = deploy.utcnow()
+                progress.end_phase()
                 log("server ready")
                 if eng.get("idle_timeout_s"):
                     watchdog = deploy.IdleWatchdog(server, float(eng["idle_timeout_s"]), grace_s=float(eng["stop_grace_s"]),
@@ -318,18 +324,23 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 log(f"deployment failed at {exc.stage}: {exc}")
             if status == "ok":
                 for i in (1, 2):
+                    progress.phase("smoke", f"capture {i}/2 ({len(smoke_prompts)} prompts)")
                     cap = attempt / "smoke" / f"capture-{i}.json"
                     gate.capture_greedy(server.base_url, served, smoke_prompts, cap, deployment_id=deployment_id,
                                         arm=arm["name"], capture_index=i, corpus=smoke_corpus,
                                         seed=settings.get("seed"), api_key=eng.get("api_key"))
                     captures.append(str(cap))
+                progress.end_phase()
                 cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
                 _pin_client(settings.get("client_cpus"), log)
                 if spec["kind"] == "capacity":
                     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
+                    progress.phase("capacity")
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
-                                                              "confounds": deploy.parse_launch_log(log_text)}, out)
-                for e in to_measure:
+                                                              "confounds": deploy.parse_launch_log(log_text)}, out,
+                                  progress=progress)
+                    progress.end_phase()
+                for n_cell, e in enumerate(to_measure, 1):
                     if watchdog is not None:
                         watchdog.touch()
                     c = e["cell"]
@@ -344,6 +355,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
                                                          pgid=server.pgid, api_key=eng.get("api_key"))
                     log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
+                    progress.set_context(f"cell {n_cell}/{len(to_measure)} {c['workload']} c{c['concurrency']}")
                     try:
                         summary = cellmod.run_cell(
                             server.base_url, served, reqs, warm, int(c["concurrency"]), cdir,
@@ -353,8 +365,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                             drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
                             temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
                             request_timeout_s=float(settings.get("request_timeout_s", 600)),
-                            limits=settings.get("client_limits"))
+                            limits=settings.get("client_limits"), progress=progress)
                     except Exception as exc:  # a broken cell is data; the deployment goes on
+                        progress.end_phase()
                         traceback.print_exc()
                         write_failed(e, "cell_error", f"{type(exc).__name__}: {exc}")
                         continue
@@ -372,8 +385,11 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     status = "failed"
                     failure = {"stage": "idle_watchdog", "reason": "idle_timeout",
                                "message": f"server idle for more than {eng['idle_timeout_s']} s; stopped by the watchdog"}
+            progress.set_context("")
+            progress.phase("stop")
             stop_info = server.stop(grace_s=float(eng["stop_grace_s"])) if server is not None else None
             times["stop"] = deploy.utcnow()
+            progress.end_phase()
             log_path = attempt / "launch.log"
             log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
             confounds = deploy.parse_launch_log(log_text) if log_text else None
@@ -392,6 +408,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 provenance = None
             if stop_info:
                 log(f"server stopped: {stop_info}")
+            progress.close()
 
     if status == "failed":
         fpath = deploy.write_failure_record(results_root, phase=phase, arm=arm, rep=rep,
@@ -408,7 +425,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     rec = dict(record_base, schema="specstudy.deployment/1", status=status, failure=failure, command=command, provenance=provenance,
                confounds=confounds, startup=startup, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
                times=times, prereg_sha256=lock.get("sha256"), kind=spec["kind"], block=spec.get("block"),
-               order=spec.get("order"))
+               order=spec.get("order"), phases=progress.timeline())
     if status != "ok" and previous is not None and not captures:
         rec["smoke"] = previous.get("smoke", {"captures": []})
     _write_record(out, attempt, rec, publish=not exit_code)
@@ -440,7 +457,7 @@ def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> 
         atomic.write_json(out / "deployment.json", rec)
 
 
-def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path) -> None:
+def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, progress=None) -> None:
     from . import capacity
     from . import corpus as corpusmod
 
@@ -448,11 +465,15 @@ def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out:
     prompts = corpusmod.load_prompts(spec["capacity_corpus_dir"])
     capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, out,
                           server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],
-                          api_key=eng.get("api_key"))
+                          api_key=eng.get("api_key"), progress=progress)
 
 
 def _cmd_run(args) -> int:
     spec = json.loads(args.spec)
+    # Line-buffered: Snakemake sends stdout to the job log, and `tail -f` must show lines as they come.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     try:
         return run_deployment(spec, args.out, args.plan, args.lock)
     finally:

@@ -498,6 +498,7 @@ async def _run(
     keep_text: bool,
     api_key: str | None,
     limits: dict | None,
+    on_row=None,
 ) -> LoadResult:
     import aiohttp
 
@@ -533,6 +534,8 @@ async def _run(
                 async def worker() -> None:
                     for i in it:
                         rows[i] = await run.one(i, requests[i], bodies[i], None)
+                        if on_row is not None:  # progress display; never part of the measured row
+                            on_row(rows[i])
 
                 await asyncio.gather(*(worker() for _ in range(min(concurrency, n) if n else 0)))
             else:
@@ -608,6 +611,7 @@ async def arun_closed_loop(
     keep_text: bool = False,
     api_key: str | None = None,
     limits: dict | None = None,
+    on_row=None,
 ) -> LoadResult:
     """Async form of :func:`run_closed_loop` (for callers that already run an event loop)."""
     if not isinstance(concurrency, int) or concurrency < 1:
@@ -615,7 +619,7 @@ async def arun_closed_loop(
     return await _run(
         "closed", base_url, model, requests, concurrency=concurrency, rate_rps=None, arrival_seed=None,
         temperature=temperature, seed=seed, request_timeout_s=request_timeout_s, keep_text=keep_text,
-        api_key=api_key, limits=limits,
+        api_key=api_key, limits=limits, on_row=on_row,
     )  # fmt: skip
 
 
@@ -663,12 +667,16 @@ def run_closed_loop(
     keep_text: bool = False,
     api_key: str | None = None,
     limits: dict | None = None,
+    on_row=None,
 ) -> LoadResult:
-    """Send ``requests`` with ``concurrency`` workers, each taking the next request in list order."""
+    """Send ``requests`` with ``concurrency`` workers, each taking the next request in list order.
+
+    ``on_row(row)``, if given, is called in the event loop as each request finishes (live progress)."""
     return _asyncio_run(
         arun_closed_loop(
             base_url, model, requests, concurrency, temperature=temperature, seed=seed,
             request_timeout_s=request_timeout_s, keep_text=keep_text, api_key=api_key, limits=limits,
+            on_row=on_row,
         )
     )  # fmt: skip
 

@@ -215,6 +215,13 @@ def prereg_lock(cfg: dict | None = None, path: str | Path | None = None) -> dict
 # ---------------------------------------------------------------- CLI
 
 def _cmd_plan(args) -> int:
+    if args.cost:
+        from . import cost
+
+        return cost.cmd(args)
+    if not args.out:
+        print("specstudy plan: --out is required (or --cost for the cost preview)")
+        return 2
     cfg = load_config(args.config)
     arms = None
     if args.selection:
@@ -268,7 +275,12 @@ def register(sub) -> None:
     p.add_argument("--phase", choices=PHASES, default="screen")
     p.add_argument("--selection", help="selection.json (confirmation plans only)")
     p.add_argument("--corpora", nargs="*", default=[], help="corpus.json files whose digests the plan records")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="where plan.json goes (required unless --cost)")
+    p.add_argument("--cost", action="store_true",
+                   help="print the cost preview instead: deployments, cells, requests, wall time and node-hours per phase")
+    p.add_argument("--profile", help="--cost: Snakemake profile directory (parallel slots, nodes per job)")
+    p.add_argument("--results", default="results", help="--cost: results/ of this study (measured times, selection)")
+    p.add_argument("--json", help="--cost: also write the preview as JSON here")
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("prereg-lock", help="lock the pre-registration file's hash before screening starts")
     p.add_argument("--prereg", required=True, help="the pre-registration YAML (study.preregistration)")

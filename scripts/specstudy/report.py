@@ -61,7 +61,7 @@ def render_markdown(blocks: list[Block]) -> str:
             out.append("| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
                        + "".join("| " + " | ".join(r) + " |\n" for r in esc))
         elif kind == "img":
-            out.append(f"![{b[2]}]({b[1]})\n")
+            out.append(f"![{b[2]}]({b[1]})\n\n*Figure: {b[2]}*\n")
         elif kind == "pre":
             out.append("```\n" + b[1].rstrip("\n") + "\n```\n")
     return "\n".join(out)
@@ -73,6 +73,7 @@ def render_html(blocks: list[Block], title: str) -> str:
              "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
              "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px}"
              "th{background:#eee}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
+             "figure{margin:1em 0}figcaption{font-size:90%;color:#444}"
              "</style></head><body>"]
     for b in blocks:
         kind = b[0]
@@ -90,7 +91,7 @@ def render_html(blocks: list[Block], title: str) -> str:
                          + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
                          + "</table>")
         elif kind == "img":
-            parts.append(f"<p><img src='{e(b[1])}' alt='{e(b[2])}'></p>")
+            parts.append(f"<figure><img src='{e(b[1])}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
         elif kind == "pre":
             parts.append(f"<pre>{e(b[1])}</pre>")
     parts.append("</body></html>\n")
@@ -133,6 +134,27 @@ def selection_check(selection: dict | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Plots (matplotlib, Agg)
 # ---------------------------------------------------------------------------------------------
+# One-line caption of every plot (plots/<name>.png; capacity-<arm>.png use "capacity"). The same
+# texts are the captions of `snakemake --report` (report/plot.rst; tests/test_snakemake_report.py
+# checks that the two agree).
+PLOT_CAPTIONS = {
+    "speedup": "Speedup (arm ÷ baseline output tokens/s) per workload vs concurrency: geometric mean with "
+               "its CI, dots are the repeats, the dashed line is no change.",
+    "tpot": "TPOT ratio (arm ÷ baseline time per output token) per workload vs concurrency: below 1 decodes faster.",
+    "acceptance_vs_speedup": "Acceptance rate vs speedup, one point per arm deployment repeat, workload and concurrency.",
+    "per_position": "Acceptance rate at each draft position, mean over the valid cells of each arm.",
+    "memory": "KV cache capacity per arm (median tokens over its deployments): the memory speculation costs.",
+    "latency": "Per-request TTFT and TPOT distributions per arm (chosen cells, all workloads and concurrencies pooled).",
+    "drift": "Baseline log throughput minus its series mean over the study, per node, with the fitted drift line.",
+    "capacity": "Capacity search of one arm: achieved rate and latency vs offered Poisson rate, gates and knee marked.",
+}
+
+
+def plot_caption(name: str, detail: str = "") -> str:
+    key = "capacity" if name.startswith("capacity-") else name.removesuffix(".png")
+    return PLOT_CAPTIONS[key] + (f" ({detail})" if detail else "")
+
+
 def _plt():
     import matplotlib
 
@@ -337,17 +359,17 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     if not sel["present"]:
         missing.append("no selection (results/selection/selection.json)")
     plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)  # a declared output directory of the report rule, even when empty
     B: list[Block] = []
     B.append(("h", 1, "Speculative decoding study report"))
     B.append(("p", f"Built from {tables_dir} (tables rebuilt from raw artifacts under {results}). "
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
-    B.append(("h", 2, "Missing pieces"))
-    B.append(("ul", missing or ["nothing: all inputs present"]))
-
-    # --- recommendation
+    # --- recommendation first
     B.append(("h", 2, "Recommendation"))
     patches = _recommendation_section(B, rec, deps, s, out)
     _decision_evidence_section(B, rec, results)
+    B.append(("h", 2, "Missing pieces"))
+    B.append(("ul", missing or ["nothing: all inputs present"]))
 
     # --- results tables
     for phase in ("confirm", "screen"):
@@ -377,21 +399,22 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     mc = [c for c in comps if c["phase"] == main_phase]
     mem_rows = _memory_rows(deps, mem)
     plot_specs = [
-        ("speedup.png", f"speedup by workload × concurrency ({main_phase}) with CIs",
+        ("speedup.png", plot_caption("speedup", f"{main_phase} phase"),
          lambda p: plot_ratio(mc, "speedup", p, f"speedup ({main_phase})")),
-        ("tpot.png", f"TPOT change ({main_phase})", lambda p: plot_ratio(mc, "tpot_ratio", p, f"TPOT ratio ({main_phase})")),
-        ("acceptance_vs_speedup.png", "acceptance rate vs speedup",
+        ("tpot.png", plot_caption("tpot", f"{main_phase} phase"),
+         lambda p: plot_ratio(mc, "tpot_ratio", p, f"TPOT ratio ({main_phase})")),
+        ("acceptance_vs_speedup.png", plot_caption("acceptance_vs_speedup"),
          lambda p: plot_acceptance(stats.effect_rows(comps), p)),
-        ("per_position.png", "per-position acceptance", lambda p: plot_per_position(cells, p)),
-        ("memory.png", "KV capacity per arm", lambda p: plot_memory(mem_rows, p)),
-        ("latency.png", "TTFT/TPOT distributions per arm", lambda p: plot_latency(t["requests"], p)),
-        ("drift.png", "baseline drift", lambda p: plot_drift(dr, p)),
+        ("per_position.png", plot_caption("per_position"), lambda p: plot_per_position(cells, p)),
+        ("memory.png", plot_caption("memory"), lambda p: plot_memory(mem_rows, p)),
+        ("latency.png", plot_caption("latency"), lambda p: plot_latency(t["requests"], p)),
+        ("drift.png", plot_caption("drift"), lambda p: plot_drift(dr, p)),
     ]
     for name, alt, fn in plot_specs:
         if fn(plots / name):
             B.append(("img", f"plots/{name}", alt))
         else:
-            B.append(("p", f"({alt}: no data)"))
+            B.append(("p", f"(plots/{name}: no data) {alt}"))
 
     _candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     _selection_section(B, sel)
@@ -414,13 +437,16 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
                     h["verdict"], h["evidence"], h["reason"]] for h in hyps]))
     _method_section(B, s)
     _capacity_section(B, results, out)
+    from specstudy import duty
+
+    duty_rows = duty.report_section(B, results)
 
     md = render_markdown(B)
     atomic.write_text(out / "report.md", md)
     atomic.write_text(out / "report.html", render_html(B, "specstudy report"))
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
-               "model": model, "comparisons": comps, "memory_costs": mem}
+               "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
@@ -477,7 +503,7 @@ def _capacity_section(B, results: Path, out: Path) -> None:
         src = results / "capacity" / arm / "capacity.png"
         if src.exists():
             shutil.copyfile(src, plots / f"capacity-{arm}.png")
-            B.append(("img", f"plots/capacity-{arm}.png", f"capacity search, {arm}: achieved rate and latency vs offered rate"))
+            B.append(("img", f"plots/capacity-{arm}.png", plot_caption(f"capacity-{arm}", arm)))
 
 
 def _median(vals: list) -> float | None:

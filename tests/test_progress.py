@@ -1,0 +1,254 @@
+"""Live progress of a deployment job, its phase timeline, the duty cycle and the cost preview.
+
+The end-to-end test runs the real deployment job (``specstudy deployment run``, as Snakemake runs
+it: stdout and stderr redirected to a log file) against a fake vLLM (tests/progress_fake_vllm.py)
+and reads the log WHILE the job runs: progress lines must arrive at least every few seconds, in
+every phase (launching, smoke, cell i/N warm-up/measure/drain, stopping).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specstudy import atomic, cost, duty, schemas
+from specstudy.config import load_config
+from specstudy.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[1]
+INTERVAL_S = 5.0  # the default heartbeat of specstudy.progress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_progress_lines_eta_and_timeline():
+    clock, out = Clock(), io.StringIO()
+    p = Progress("dep-x", stream=out, total_requests=20, clock=clock, live=False)
+    p.phase("launch")
+    clock.t += 30
+    p.end_phase()
+    p.set_context("cell 1/2 code c4")
+    p.phase("measure", cell="code/c4")
+    p.start_requests(10)
+    for _ in range(10):
+        clock.t += 1
+        p.request_done({"completion_tokens": 50})
+    assert p.eta_seconds() == pytest.approx(10.0)  # 10 requests left at 1 s each
+    assert p.tokens_per_second() == pytest.approx(500 / 9, rel=0.01)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[progress 00:00:00] launch")
+    assert any("cell 1/2 code c4 | measure | requests 10/10 | deployment requests 10/20" in x for x in lines), lines
+    tl = p.timeline()
+    assert [e["phase"] for e in tl] == ["launch", "measure"]
+    assert tl[0]["seconds"] == 30 and tl[1]["cell"] == "code/c4" and tl[1]["seconds"] == 10
+
+
+def _corpus(d: Path, name: str, n: int, max_tokens: int) -> str:
+    rows = [{"prompt_id": f"{name}-{i}", "stratum": "s", "max_tokens": max_tokens,
+             "messages": [{"role": "user", "content": f"prompt {i}"}]} for i in range(n)]
+    atomic.write_jsonl(d / name / "prompts.jsonl", rows)
+    atomic.write_json(d / name / "corpus.json", {"name": name, "version": "1", "digest": f"digest-{name}"})
+    return str(d / name)
+
+
+def _spec(tmp_path: Path) -> dict:
+    fakepy = tmp_path / "fakepy"
+    fakepy.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{ROOT / "tests" / "progress_fake_vllm.py"}" "$@"\n')
+    fakepy.chmod(0o755)
+    code = _corpus(tmp_path / "corpora", "code", 12, 40)
+    return {
+        "phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0,
+        "arm": {"name": "baseline", "method": "baseline", "servable": True},
+        "cells": [{"workload": "code", "concurrency": 1, "corpus_dir": code},
+                  {"workload": "code", "concurrency": 2, "corpus_dir": code}],
+        "smoke_corpus_dir": _corpus(tmp_path / "corpora", "smoke", 2, 8),
+        "engine": {"backend": "local", "python": str(fakepy),
+                   "target": {"path": str(tmp_path), "served_model_name": "fake", "tensor_parallel_size": 1,
+                              "max_model_len": 1024},
+                   "server": {"ready_timeout_s": 60, "stop_grace_s": 5,
+                              "env": {"FAKE_STARTUP_S": "7", "FAKE_TOKEN_DELAY_MS": "25"}}},
+        "cell_settings": {"requests": 8, "warmup_requests": 2, "temperature": 0.0, "seed": 1,
+                          "request_timeout_s": 60, "drain_timeout_s": 10, "reuse_valid": True,
+                          "client_limits": {"event_loop_lag_p99_ms": 1000, "cpu_share": 1.0,
+                                            "pool_wait_p99_ms": 1000}},
+    }
+
+
+def test_deployment_job_log_shows_progress_while_running(tmp_path):
+    spec = _spec(tmp_path)
+    out = tmp_path / "results" / "screen" / "baseline" / "rep1"
+    log = tmp_path / "job.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    env.pop("SPECSTUDY_PROGRESS_TTY", None)
+    with open(log, "w") as fh:  # like the rule: specstudy deployment run ... > {log} 2>&1
+        proc = subprocess.Popen([sys.executable, "-m", "specstudy.cli", "deployment", "run", "--spec", json.dumps(spec),
+                                 "--out", str(out)], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    seen: dict[str, float] = {}  # progress line -> when the test first read it from the log
+    t0 = time.monotonic()
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < 240:
+            for line in log.read_text().splitlines():
+                if line.startswith("[progress") and line not in seen:
+                    seen[line] = time.monotonic()
+            time.sleep(0.25)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait() == 0, log.read_text()
+    text = log.read_text()
+    live = sorted(seen.values())
+    assert len(live) >= 6, text
+    gaps = [b - a for a, b in zip([t0] + live, live, strict=False)]
+    assert max(gaps) <= INTERVAL_S + 2.5, f"gap of {max(gaps):.1f} s between progress lines:\n{text}"
+    lines = list(seen)
+    assert any(re.search(r"\] launch \|.*elapsed", x) for x in lines), text  # heartbeat while the server loads
+    for needle in ("] smoke capture 1/2", "cell 1/2 code c1 | warmup", "cell 2/2 code c2 | measure", "| drain",
+                   "out tok/s", "deployment requests", "ETA 00:", "] stop"):
+        assert any(needle in x for x in lines), f"{needle!r} not seen while running:\n{text}"
+    assert re.search(r"requests [1-8]/8", "\n".join(lines)), text  # requests done/total during a window
+    rec = atomic.read_json(out / "deployment.json")
+    schemas.validate(rec, "deployment", "deployment.json")
+    phases = [e["phase"] for e in rec["phases"]]
+    assert phases[0] == "launch" and rec["phases"][0]["seconds"] >= 6.5
+    assert phases.count("smoke") == 2 and phases.count("warmup") == 2 and phases.count("measure") == 2
+    assert phases.count("drain") == 2 and phases[-1] == "stop"
+    s = duty.split(rec)
+    assert s["timeline"] and s["total"] >= s["launch"] + s["measure"]
+    assert 0.2 < s["launch"] / s["total"] < 0.8
+
+
+def test_duty_cycle_from_records(tmp_path):
+    def rec(phase, arm, start, ready, stop, phases=None):
+        r = {"deployment_id": f"{phase}-{arm}", "status": "ok",
+             "times": {"start": f"2026-12-01T10:00:{start:02d}+00:00", "ready": f"2026-12-01T10:00:{ready:02d}+00:00",
+                       "stop": f"2026-12-01T10:00:{stop:02d}+00:00"}}
+        if phases:
+            r["phases"] = [{"phase": k, "start": "", "end": "", "seconds": v} for k, v in phases]
+        atomic.write_json(tmp_path / phase / arm / "rep1" / "deployment.json", r)
+
+    rec("screen", "baseline", 0, 20, 50, [("launch", 20), ("smoke", 5), ("warmup", 5), ("measure", 15), ("stop", 3)])
+    rec("screen", "ngram-k2", 0, 10, 50)  # an old record: start-up only
+    rows = {r["phase"]: r for r in duty.duty_cycle(tmp_path)}
+    sc = rows["screen"]
+    assert sc["deployments"] == 2 and sc["with_timeline"] == 1 and sc["deployment_seconds"] == 100
+    assert sc["launch_share"] == pytest.approx(0.30) and sc["measure_share"] == pytest.approx(0.15)
+    assert sc["other_share"] == pytest.approx((2 + 40) / 100)
+    assert rows["all"]["deployments"] == 2
+
+
+@pytest.mark.parametrize("config,profile", [("config/config.yaml", "profiles/local"),
+                                            ("config/clariden-70b.yaml", "profiles/clariden")])
+def test_cost_preview_of_both_studies(tmp_path, config, profile):
+    from specstudy.cli import main
+
+    cfg = load_config(ROOT / config)
+    pv = cost.preview(cfg, ROOT / profile, tmp_path / "no-results")
+    screen = next(r for r in pv["phases"] if r["phase"] == "screen")
+    from specstudy import plan
+
+    sp = plan.make_plan(cfg, "screen")
+    assert screen["deployments"] == len(sp["deployments"])
+    assert screen["cells"] == sum(len(d["cells"]) for d in sp["deployments"])
+    assert screen["requests"] == screen["cells"] * cfg["cells"]["requests"]
+    assert pv["total"]["wall_s"] > 0 and pv["total"]["node_hours"] > 0
+    assert all(v.startswith("declared") for v in pv["sources"].values())
+    if profile == "profiles/clariden":
+        assert pv["profile"]["slots"] == 8 and screen["wall_s"] < screen["deployment_s"]
+    else:
+        assert pv["profile"]["slots"] == 1 and screen["wall_s"] == pytest.approx(screen["deployment_s"])
+    assert main(["plan", "--cost", "--config", str(ROOT / config), "--profile", str(ROOT / profile),
+                 "--results", str(tmp_path / "no-results")]) == 0
+
+
+def test_cost_preview_uses_measured_records(tmp_path):
+    cfg = load_config(ROOT / "config/config.yaml")
+    res = tmp_path / "results"
+    for i, ready in enumerate((40, 50, 58)):
+        atomic.write_json(res / "screen" / f"arm{i}" / "rep1" / "deployment.json", {
+            "deployment_id": f"d{i}", "status": "ok",
+            "times": {"start": "2026-12-01T10:00:00+00:00", "ready": f"2026-12-01T10:00:{ready:02d}+00:00",
+                      "stop": "2026-12-01T10:05:00+00:00"}})
+    atomic.write_json(res / "screen" / "arm0" / "rep1" / "code" / "c4" / "summary.json", {
+        "keys": {"concurrency": 4}, "validity": {"valid": True}, "wall_seconds": 6.0, "requests": {"attempted": 12},
+        "drain": {"seconds": 0.2}})
+    pv = cost.preview(cfg, ROOT / "profiles/local", res)
+    assert pv["figures"]["startup_s"] == 50 and pv["sources"]["startup_s"].startswith("measured")
+    assert pv["figures"]["seconds_per_request"][4] == pytest.approx(0.5)
+    assert pv["sources"]["seconds_per_request[c=1]"].startswith("declared")
+    assert pv["sources"]["seconds_per_request[c=4]"].startswith("measured")
+
+
+def test_progress_reaches_the_terminal_under_make_study(tmp_path):
+    """SPECSTUDY_PROGRESS_TTY=1 (set by `make study`): lines also go to the controlling terminal, while
+    stdout (the job log) still gets them; without a terminal nothing breaks."""
+    import pty
+
+    log = tmp_path / "job.log"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+            "from specstudy.progress import Progress\n"
+            "p = Progress('screen-baseline-rep1', interval_s=0.2).start(); p.phase('launch'); time.sleep(0.5); p.close()\n")
+    pid, fd = pty.fork()
+    if pid == 0:  # child: its controlling terminal is the pty; stdout goes to the log, like a Snakemake job
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.execve(sys.executable, [sys.executable, "-c", code], dict(os.environ, SPECSTUDY_PROGRESS_TTY="1"))
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.waitpid(pid, 0)
+    tty_text = seen.decode()
+    assert "[screen-baseline-rep1] [progress 00:00:00] launch" in tty_text, tty_text
+    assert tty_text.count("[progress") >= 2  # the heartbeat too
+    assert log.read_text().startswith("[progress 00:00:00] launch")
+    env = dict(os.environ, SPECSTUDY_PROGRESS_TTY="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          start_new_session=True)  # no controlling terminal at all
+    assert proc.returncode == 0 and "[progress" in proc.stdout, proc.stderr
+
+
+def test_rich_live_status_on_a_terminal():
+    out = io.StringIO()
+    p = Progress("dep-x", stream=out, live=True, total_requests=4)
+    p.phase("measure", cell="code/c1")
+    p.start_requests(4)
+    p.request_done({"completion_tokens": 3})
+    p.close()
+    assert "[progress 00:00:00] measure" in out.getvalue()  # phase lines are printed above the live status
+
+
+def test_capacity_search_prints_each_step_and_soak_with_its_verdict(tmp_path, capsys):
+    from specstudy import capacity
+    from test_capacity import GATES, synthetic
+
+    search = {"start_rate_rps": 2.0, "growth": 2.0, "resolution_frac": 0.2, "step_duration_s": 8, "warmup_s": 2,
+              "soak": {"count": 1, "duration_s": 12}}
+    knee = capacity.run_capacity("http://x", "m", [], GATES, search, tmp_path, None, arm="baseline",
+                                 step_runner=synthetic(6.0), soak_runner=synthetic(6.0))
+    out = capsys.readouterr().out
+    assert "[capacity] step 1: offering 2 req/s for 2 s warm-up + 8 s" in out, out
+    assert re.search(r"\[capacity\] step \w+ #0: 2 req/s offered, 2 achieved, TTFT p95 120 ms, .* -> PASS; failed gates: none",
+                     out), out
+    assert re.search(r"-> FAIL; failed gates: [a-z_0-9, ]*ttft", out), out
+    assert "[capacity] soak 1: offering" in out and re.search(r"\[capacity\] soak \w+ #0: .* -> (PASS|FAIL)", out), out
+    assert f"[capacity] baseline: knee {knee['knee_rps']:.4g} req/s, status {knee['status']}" in out

@@ -1,0 +1,93 @@
+"""`snakemake --report` of the real workflow bundles the report, the recommendation and every plot
+with its caption (report/*.rst, rules/report.smk), and the plot captions agree with the HTML report's.
+
+The workflow is a copy (tests/test_workflow_dag.py's ``workdir``); screening is faked there, the
+selection runs for real, the confirmation outputs are faked the same way and the report files are
+built by specstudy.report from the constructed results tree of tests/test_report.py. Nothing is left
+for Snakemake to run, so ``--report`` only collects what the rules flag with ``report()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import jinja2
+
+from specstudy import report
+from test_report import LAUNCH, _build
+from test_workflow_dag import ROOT, fake_screening, sm, workdir  # noqa: F401  (fixture)
+
+
+def test_plot_captions_of_snakemake_report_match_the_html_report():
+    tmpl = jinja2.Environment().from_string((ROOT / "report" / "plot.rst").read_text())
+    for name, caption in report.PLOT_CAPTIONS.items():
+        fname = "capacity-baseline" if name == "capacity" else name
+        rendered = tmpl.render(snakemake=type("S", (), {"wildcards": type("W", (), {"name": fname})}))
+        assert caption in rendered, (name, rendered)
+
+
+def _fake_confirmation(wd: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from specstudy import plan as planmod
+    from specstudy.config import load_config
+
+    cfg = load_config(wd / "config" / "config.yaml")
+    arms = json.loads((wd / "results/selection/selection.json").read_text())["confirmation_arms"]
+    p = planmod.make_plan(cfg, "confirm", arms=arms)
+    t = time.time() - 1000
+
+    def write(path: str, obj) -> None:
+        nonlocal t
+        f = wd / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(obj))
+        t += 1
+        os.utime(f, (t, t))
+
+    write("results/plan/confirm.json", {})
+    for d in p["deployments"]:
+        for c in d["cells"]:
+            write(f"results/confirm/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json", {})
+        write(f"results/confirm/{d['arm']}/{d['rep']}/deployment.json", {})
+    for arm in arms:
+        if arm != "baseline":
+            write(f"results/gates/confirm/{arm}.json", {})
+    write("results/tables/cells.parquet", {})
+    for name in ("requests", "deployments", "gates"):
+        write(f"results/tables/{name}.parquet", {})
+
+
+def test_snakemake_report_zip_has_plots_with_captions(workdir, tmp_path):  # noqa: F811
+    shutil.copytree(ROOT / "report", workdir / "report")
+    cfg = workdir / "config" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("capacity:\n  enabled: true", "capacity:\n  enabled: false"))
+    fake_screening(workdir)
+    sm(workdir, "results/selection/selection.json")
+    _fake_confirmation(workdir)
+    res = _build(tmp_path / "tree")
+    report.build(res, res / "tables", {"recommendation": {"launch_args": LAUNCH}}, workdir / "results" / "report")
+    now = time.time()
+    for f in (workdir / "results" / "report").rglob("*"):
+        os.utime(f, (now, now))
+    assert "Nothing to be done" in sm(workdir, "-n", "results/report/report.md").stdout + \
+        sm(workdir, "-n", "results/report/report.md").stderr
+    sm(workdir, "--report", "report.zip", "results/report/report.md")
+    if os.environ.get("SPECSTUDY_ARTIFACTS"):
+        shutil.copy(workdir / "report.zip", Path(os.environ["SPECSTUDY_ARTIFACTS"]) / "snakemake-report.zip")
+    with zipfile.ZipFile(workdir / "report.zip") as z:
+        names = z.namelist()
+        text = "\n".join(z.read(n).decode("utf-8", "replace") for n in names if n.endswith((".html", ".js")))
+    plots = sorted(p.name for p in (workdir / "results/report/plots").glob("*.png"))
+    base = {Path(n).name for n in names}
+    assert plots and set(plots) <= base, (plots, names)
+    assert {"report.md", "recommendation.json"} <= base
+    for p in plots:  # every plot carries its caption (JSON-escaped inside report.html)
+        assert json.dumps(report.plot_caption(p))[1:-1] in text, p
+    assert "Plots" in text and "embedded-default" in text
