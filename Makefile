@@ -8,7 +8,7 @@ CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
 
-.PHONY: install install-harness study screen confirm capacity report test test-fast lint bench clean-results
+.PHONY: install install-harness study screen confirm capacity report rerun test test-fast lint bench clean-results
 
 install:
 	envs/install.sh embedded
@@ -21,6 +21,11 @@ study: install
 
 screen confirm capacity report: install
 	$(BIN)/snakemake --profile $(PROFILE) $@
+
+# Re-run the job writing one result (a cell: its deployment): make rerun CELL=results/screen/<arm>/rep1/<w>/c1/summary.json
+rerun: install
+	@test -n "$(CELL)" || { echo "usage: make rerun CELL=results/<phase>/<arm>/<rep>/<workload>/c<conc>/summary.json"; exit 2; }
+	$(BIN)/specstudy rerun --profile=$(PROFILE) $(CELL)
 
 test: install
 	tests/slurm/ensure-slurm-packages.sh || true

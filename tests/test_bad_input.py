@@ -46,6 +46,9 @@ class Case:
     setup: Callable[[Path], list[str]]  # returns the command; runs in the case's directory
     expect: list[str] = field(default_factory=list)  # fragments a clear error contains (case-insensitive)
     snakemake: bool = False
+    # Snakemake's own message that we cannot change (it reads --configfile before our code runs): the best
+    # reachable result is a weak error; the test asserts exactly that, and the clear path is the case after it.
+    known_weak: str | None = None
 
 
 # A Python exception reaching the user: Snakemake prints parse-time exceptions as "<Type>Error in file …" with
@@ -336,7 +339,15 @@ CASES: list[Case] = [
          ["nope.yaml", "not found"]),
     Case("config-empty-file", lambda d: _plan_cmd(_spec(d, "", "study.yaml"), d), ["study.yaml", "mapping"]),
     # --- the same through Snakemake (parse time)
-    Case("sm-config-malformed-yaml", sm_case(_sm_bad_configfile), ["bad.yaml", "line"], snakemake=True),
+    Case("sm-config-malformed-yaml", sm_case(_sm_bad_configfile), ["bad.yaml", "line"], snakemake=True,
+         known_weak="snakemake.common.configfile: 'Config file is not valid JSON or YAML' (no file, no line); "
+                    "README points to specstudy check-config"),
+    Case("check-config-malformed-yaml", lambda d: [*SPECSTUDY, "check-config", str(_spec(
+        d, "study:\n  name: x\n engine: [unclosed\n", "bad.yaml"))], ["bad.yaml", "line 3"]),
+    Case("check-config-broken-corpus-spec", lambda d: [*SPECSTUDY, "check-config", str(_write_yaml(
+        d / "study.yaml", {**_small_config(d), "corpora": {"workloads": {"code": str(_spec(d, "name: [\n"))},
+                                                           "smoke": str(ROOT / "corpora/embedded/smoke.yaml")}}))],
+         ["spec.yaml", "line"]),
     Case("sm-corpus-spec-missing", sm_case(_sm_missing_spec), ["nope.yaml", "corpora.workloads.code"], snakemake=True),
     Case("sm-corpus-spec-broken-yaml", sm_case(_sm_broken_spec_yaml), ["code.yaml", "line"], snakemake=True),
     Case("sm-corpus-spec-bad-format", sm_case(_sm_spec_bad_field), ["code.yaml", "format"], snakemake=True),
@@ -426,7 +437,8 @@ def run_case(case: Case, d: Path) -> tuple[str, int, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path):
     verdict, rc, out = run_case(case, tmp_path)
-    assert verdict == "clear", f"{case.id}: {verdict} (rc {rc}); expected {case.expect} in:\n{out[-3000:]}"
+    want = "weak" if case.known_weak else "clear"
+    assert verdict == want, f"{case.id}: {verdict} (rc {rc}); expected {case.expect} in:\n{out[-3000:]}"
 
 
 def test_table_is_large_enough():

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "tables",
     "report",
     "rerun",
+    "checkconfig",
 ]
 
 

@@ -1550,6 +1550,10 @@ def _cmd_command(args) -> int:
     cfg = cfg.get("engine", cfg) if isinstance(cfg, dict) else cfg
     if not isinstance(cfg, dict):
         raise UserError(f"{args.engine}: expected engine settings (a mapping, or a study config with 'engine:')")
+    if "target" in cfg:  # a study config's engine section: the launcher's flat settings, as the deployment job uses
+        from .deployment_run import engine_flat
+
+        cfg = {k: v for k, v in engine_flat(cfg).items() if v is not None}
     arm = load_json_arg(args.arm, "--arm")
     if not isinstance(arm, dict):
         raise UserError(f"--arm {args.arm!r}: must be a JSON object, e.g. '{{\"method\": \"baseline\"}}'")
