@@ -12,6 +12,7 @@ import yaml  # noqa: E402
 from specstudy import plan as _plan  # noqa: E402
 from specstudy.config import ConfigError, check_config, load_prereg, prereg_path  # noqa: E402
 from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
+from specstudy.stale import quarantine_stale as _quarantine_stale  # noqa: E402
 
 try:
     check_config(config, "the study config (--configfile / config/config.yaml)")
@@ -34,6 +35,8 @@ if _LOCK.exists():
         _verify_lock(_LOCK, PREREG_FILE)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+# A report or tables built from a checkpoint output that is now missing are stale: moved aside, rebuilt.
+_quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr))
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
