@@ -291,9 +291,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
             failure = {"stage": "cancelled", "reason": "signal", "message": f"job received signal {exc.signum}"}
             exit_code = 128 + exc.signum
         except Exception:
-            if death is None or not death.died:
+            if not ((death is not None and death.died) or (watchdog is not None and watchdog.fired)):
                 raise
-            traceback.print_exc()  # the server died under it (smoke, capacity): a deployment failure, below
+            traceback.print_exc()  # the server died or was stopped as idle under it: a deployment failure, below
         finally:
             if death is not None:
                 death.close()

@@ -65,7 +65,7 @@ def verify_lock(lock_path: str | os.PathLike, prereg_file: str | os.PathLike) ->
     what = ("changed fields: " + "; ".join(fields)) if fields else \
         "changed bytes only (comments or formatting) or a lock written before field-level locks"
     raise ConfigError(
-        f"{prereg_file}: the pre-registration changed after screening started — {what}. "
+        f"{prereg_file}: the pre-registration changed since screening started — {what}. "
         f"{lock_path} locked sha256 {lock.get('sha256')}, the file now hashes to {current}. "
         f"A pre-registered design must not change after the fact: restore the file (e.g. git checkout {prereg_file}) "
         "or start a new study in a new results directory.")
