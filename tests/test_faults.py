@@ -436,3 +436,23 @@ def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypat
     for c in (1, 2):
         declared = out / "code" / f"c{c}" / "summary.json"
         assert abs(declared.stat().st_mtime - old) < 1e-3, "a reused, unchanged cell got a new time"
+
+
+def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(workdir):
+    """A re-run deployment republishes its reused cells byte for byte. Snakemake touches every output of
+    a job, but its input checksums (recorded when ``select`` ran) keep unchanged files from re-running
+    what reads them; a cell whose content changed does re-run it."""
+    fake_screening(workdir)
+    sm(workdir, "results/selection/selection.json")
+    cells = sorted((workdir / "results/screen/baseline/rep1").glob("*/c*/summary.json"))
+    later = time.time() + 5
+    for f in cells:  # same bytes, new time: what a re-run deployment leaves after Snakemake's touch
+        f.write_bytes(f.read_bytes())
+        os.utime(f, (later, later))
+    out = sm(workdir, "-n", "results/selection/selection.json").stdout
+    assert "select" not in job_counts(out), out[-2000:]
+    s = json.loads(cells[0].read_text())
+    s["latency_ms"]["tpot"]["p50"] += 1.0
+    cells[0].write_text(json.dumps(s))
+    os.utime(cells[0], (later + 1, later + 1))
+    assert job_counts(sm(workdir, "-n", "results/selection/selection.json").stdout).get("select") == 1
