@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
-.PHONY: install install-harness gpu-stage study screen confirm capacity report test test-fast lint bench bench-decision confirm-again clean-results cost
+.PHONY: install install-harness gpu-stage study screen confirm capacity report rerun test test-fast lint bench bench-decision confirm-again clean-results cost
 
 install:
 	envs/install.sh embedded
@@ -30,6 +30,11 @@ study: install
 
 screen confirm capacity report: install
 	$(BIN)/snakemake --profile $(PROFILE) $@
+
+# Re-run the job writing one result (a cell: its deployment): make rerun CELL=results/screen/<arm>/rep1/<w>/c1/summary.json
+rerun: install
+	@test -n "$(CELL)" || { echo "usage: make rerun CELL=results/<phase>/<arm>/<rep>/<workload>/c<conc>/summary.json"; exit 2; }
+	$(BIN)/specstudy rerun --profile=$(PROFILE) $(CELL)
 
 # Outside CI a Slurm install that cannot happen is reported and the slurm tests skip with its reason;
 # under CI=true (.ci/run) it fails the run, and so does any skipped test (tests/ci_skips.py).

@@ -11,6 +11,8 @@ import yaml  # noqa: E402
 
 from specstudy import plan as _plan  # noqa: E402
 from specstudy.config import ConfigError, check_config, load_prereg, prereg_path  # noqa: E402
+from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
+from specstudy.stale import quarantine_stale as _quarantine_stale  # noqa: E402
 
 try:
     check_config(config, "the study config (--configfile / config/config.yaml)")
@@ -27,6 +29,14 @@ if _LOCK.exists():
             f"results/ belongs to the study pre-registered in {_locked} ({_LOCK}), but this config "
             f"pre-registers {PREREG_FILE}. One study per results/ directory: move results/ away "
             "(or run from another working directory with --directory) before starting this study.")
+    # Every rule consumes the pre-registration (plans, deployments, gates, selection, capacity, tables,
+    # report): a pre-registration edited after the lock stops the whole workflow, naming what changed.
+    try:
+        _verify_lock(_LOCK, PREREG_FILE)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+# A report or tables built from a checkpoint output that is now missing are stale: moved aside, rebuilt.
+_quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr))
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
@@ -67,16 +77,22 @@ CONFIG_FILE = _effective_config_file()
 
 # ------------------------------------------------------------------ corpora
 
-def _corpus_id(spec_path):
-    with open(spec_path) as fh:
-        spec = yaml.safe_load(fh)
+def _corpus_id(spec_path, field):
+    """(name, version) of a corpus spec, validated with the config: a broken spec fails the dry run."""
+    from specstudy.corpus import CorpusError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except CorpusError as exc:
+        raise WorkflowError(f"config field '{field}': {exc}") from None
     return spec["name"], str(spec["version"])
 
 
 CORPUS_SPECS = {w: s for w, s in config["corpora"]["workloads"].items()}
 CORPUS_SPECS["smoke"] = config["corpora"]["smoke"]
-CORPUS_DIRS = {w: "results/corpora/{}/{}".format(*_corpus_id(s)) for w, s in CORPUS_SPECS.items()}
-SPEC_BY_CORPUS = {_corpus_id(s): s for s in CORPUS_SPECS.values()}
+_SPEC_FIELDS = {w: ("corpora.smoke" if w == "smoke" else f"corpora.workloads.{w}") for w in CORPUS_SPECS}
+CORPUS_DIRS = {w: "results/corpora/{}/{}".format(*_corpus_id(s, _SPEC_FIELDS[w])) for w, s in CORPUS_SPECS.items()}
+SPEC_BY_CORPUS = {_corpus_id(s, _SPEC_FIELDS[w]): s for w, s in CORPUS_SPECS.items()}
 
 
 def corpus_spec_for(wildcards):
@@ -377,7 +393,8 @@ def capacity_inputs(wildcards):
         raise WorkflowError(f"results/capacity/{wildcards.arm}: capacity runs only for baseline and the final candidate "
                             f"from confirmation ({final_candidate_file()})")
     return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": model_inputs(),
-            "record": confirm_records_of_arm(wildcards.arm)}
+            # ancient: re-measuring a confirmation cell rewrites the record but does not redo the capacity search
+            "record": [ancient(r) for r in confirm_records_of_arm(wildcards.arm)]}
 
 
 def confirm_records_of_arm(arm):

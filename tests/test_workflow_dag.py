@@ -156,8 +156,10 @@ def test_selection_refuses_after_preregistration_changed(workdir):
     prereg.write_text(prereg.read_text().replace("retain_within: 0.05", "retain_within: 0.20"))
     proc = sm(workdir, "results/selection/selection.json", check=False)
     assert proc.returncode != 0
-    log = (workdir / "results/logs/selection/selection.log").read_text()
-    assert "pre-registration changed since screening started" in log
+    # refused when the workflow is parsed (before select runs), naming the changed field (issue #21)
+    out = proc.stdout + proc.stderr
+    assert "pre-registration changed since screening started" in out
+    assert "selection.retain_within: 0.05 -> 0.2" in out
 
 
 def test_one_cell_is_rerun_by_asking_for_its_path(workdir):

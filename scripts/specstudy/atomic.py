@@ -61,18 +61,36 @@ def write_jsonl(path: str | os.PathLike, rows) -> Path:
     return write_text(path, text)
 
 
+class BadFile(ValueError):
+    """A JSON/JSONL file that cannot be parsed; the message names the file, the place and the fix."""
+
+    def __init__(self, path: str | os.PathLike, detail: str):
+        self.path = str(path)
+        super().__init__(
+            f"{path}: {detail}. The file is truncated or corrupt (an interrupted copy, a full disk, a hand edit). "
+            "Fix: delete it and re-run the rule that writes it (raw attempts under attempts/ keep the originals), "
+            "or restore it from a backup.")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        text = fh.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadFile(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:
     rows = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for n, line in enumerate(fh, 1):
             line = line.strip()
             if line:
-                rows.append(json.loads(line))
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise BadFile(path, f"line {n} is not valid JSON ({exc.msg}, column {exc.colno})") from None
     return rows
 
 

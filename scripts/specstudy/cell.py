@@ -461,12 +461,19 @@ def _scrape(url: str | None, timeout: float) -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
-def drain(metrics_url: str | None, timeout_s: float, *, poll_s: float = 0.5, fetch_timeout_s: float = 5.0) -> dict:
-    """Wait until vllm:num_requests_running + waiting == 0 (or ``timeout_s``); report what happened."""
+def drain(metrics_url: str | None, timeout_s: float, *, poll_s: float = 0.5, fetch_timeout_s: float = 5.0,
+          alive=None) -> dict:
+    """Wait until vllm:num_requests_running + waiting == 0 (or ``timeout_s``); report what happened.
+
+    ``alive`` (optional callable): when it returns False the server is gone and waiting stops at once.
+    """
     t0 = time.monotonic()
     last = None
     err = None
     while True:
+        if alive is not None and not alive():
+            return {"drained": False, "seconds": time.monotonic() - t0, "running_plus_waiting": last,
+                    "error": "server exited"}
         text, err = _scrape(metrics_url, fetch_timeout_s)
         if text is not None:
             try:
@@ -505,6 +512,7 @@ def run_cell(
     thresholds: dict | None = None,
     metrics_timeout_s: float = 10.0,
     progress=None,
+    alive=None,
 ) -> dict:
     """Measure one cell and write its raw artifacts + ``summary.json`` atomically into ``out_dir``.
 
@@ -513,7 +521,8 @@ def run_cell(
     reason ``metrics_unreachable``, never an exception. ``sampler`` (optional) has ``start()`` and
     ``stop()``; ``stop()`` returns a list of telemetry sample dicts (written to telemetry.jsonl) or a
     ready summary dict. ``progress`` (optional, :class:`specstudy.progress.Progress`) is told the
-    warm-up/measure/drain phases and every finished request.
+    warm-up/measure/drain phases and every finished request. ``alive`` (optional callable) tells the drain that the server died, so a
+    dead server is not waited for.
     """
     from specstudy import loadgen
 
@@ -554,7 +563,7 @@ def run_cell(
     if err:
         errors["after"] = err
     mark("drain")
-    drained = drain(metrics_url, drain_timeout_s)
+    drained = drain(metrics_url, drain_timeout_s, alive=alive)
     if progress is not None:
         progress.end_phase()
 

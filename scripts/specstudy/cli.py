@@ -28,6 +28,8 @@ COMMAND_MODULES = [
     "report",
     "random_model",
     "mechanics",
+    "rerun",
+    "checkconfig",
 ]
 
 
@@ -48,9 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .errors import explain
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:  # bad input: one line naming the file/field and the fix; a bug keeps its traceback
+        message = explain(exc)
+        if message is None:
+            raise
+        print(f"specstudy {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1854,11 +1854,21 @@ def _cmd_confounds(args) -> int:
 
 
 def _cmd_command(args) -> int:
-    import yaml
 
-    cfg = yaml.safe_load(Path(args.engine).read_text())
+    from .config import _load_yaml
+    from .errors import UserError, load_json_arg
+
+    cfg = _load_yaml(Path(args.engine))  # names the file (and the line of a YAML error)
     cfg = cfg.get("engine", cfg) if isinstance(cfg, dict) else cfg
-    arm = json.loads(args.arm)
+    if not isinstance(cfg, dict):
+        raise UserError(f"{args.engine}: expected engine settings (a mapping, or a study config with 'engine:')")
+    if "target" in cfg:  # a study config's engine section: the launcher's flat settings, as the deployment job uses
+        from .deployment_run import engine_flat
+
+        cfg = {k: v for k, v in engine_flat(cfg).items() if v is not None}
+    arm = load_json_arg(args.arm, "--arm")
+    if not isinstance(arm, dict):
+        raise UserError(f"--arm {args.arm!r}: must be a JSON object, e.g. '{{\"method\": \"baseline\"}}'")
     arm.setdefault("name", arm_name(arm))
     try:
         argv = build_command(cfg, arm, port=args.port, served_model_name=args.served_model_name)

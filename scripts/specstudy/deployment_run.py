@@ -259,6 +259,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
 
     def publish(entry: dict, summary_path: Path, status: str) -> None:
         atomic.write_bytes(entry["declared"], summary_path.read_bytes())
+        if status == "reused":  # unchanged content keeps its time: nothing downstream of it looks out of date
+            st = summary_path.stat()
+            os.utime(entry["declared"], ns=(st.st_atime_ns, st.st_mtime_ns))
         s = atomic.read_json(summary_path)
         cell_records.append({"workload": entry["cell"]["workload"], "concurrency": int(entry["cell"]["concurrency"]),
                              "summary": str(summary_path), "status": status,
@@ -299,6 +302,8 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
 
     server = None
     watchdog = None
+    death = None  # ServerDeathWatch once the server is ready
+    stage_now = "start"
     status, failure, command, provenance, confounds, cache_config, captures = "ok", None, None, None, None, None, []
     startup = None
     exit_code = 0
@@ -314,6 +319,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 times["ready"] = deploy.utcnow()
                 progress.end_phase()
                 log("server ready")
+                from .server_watch import ServerDeathWatch
+
+                death = ServerDeathWatch(server, grace_s=float(eng["stop_grace_s"]), log=log).start()
                 if eng.get("idle_timeout_s"):
                     watchdog = deploy.IdleWatchdog(server, float(eng["idle_timeout_s"]), grace_s=float(eng["stop_grace_s"]),
                                                    metrics_url=server.base_url + "/metrics",
@@ -323,6 +331,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 failure = {"stage": exc.stage, "reason": exc.reason, "message": str(exc)}
                 log(f"deployment failed at {exc.stage}: {exc}")
             if status == "ok":
+                stage_now = "smoke"
                 for i in (1, 2):
                     progress.phase("smoke", f"capture {i}/2 ({len(smoke_prompts)} prompts)")
                     cap = attempt / "smoke" / f"capture-{i}.json"
@@ -333,12 +342,13 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                 progress.end_phase()
                 cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
                 _pin_client(settings.get("client_cpus"), log)
+                stage_now = "cells"
                 if spec["kind"] == "capacity":
                     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
                     progress.phase("capacity")
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
                                                               "confounds": deploy.parse_launch_log(log_text)}, out,
-                                  progress=progress)
+                                  attempt, progress=progress)
                     progress.end_phase()
                 for n_cell, e in enumerate(to_measure, 1):
                     if watchdog is not None:
@@ -349,9 +359,8 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
                     reqs = _request_specs(prompts, n_requests, c["workload"])
                     warm = _request_specs(prompts, n_warmup, c["workload"])
-                    if server.exited() is not None:
-                        write_failed(e, "deployment_failed", f"server exited with code {server.exited()} before this cell")
-                        continue
+                    if not death.alive():
+                        break  # the rest are marked deployment_failed below
                     sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
                                                          pgid=server.pgid, api_key=eng.get("api_key"))
                     log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
@@ -365,12 +374,18 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                             drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
                             temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
                             request_timeout_s=float(settings.get("request_timeout_s", 600)),
-                            limits=settings.get("client_limits"), progress=progress)
+                            limits=settings.get("client_limits"), progress=progress, alive=death.alive)
                     except Exception as exc:  # a broken cell is data; the deployment goes on
                         progress.end_phase()
                         traceback.print_exc()
+                        if not death.alive():
+                            write_failed(e, "deployment_failed", _died_message(death, deployment_id, cdir))
+                            break
                         write_failed(e, "cell_error", f"{type(exc).__name__}: {exc}")
                         continue
+                    if not death.alive():  # the server died during this cell: its numbers are not a measurement
+                        write_failed(e, "deployment_failed", _died_message(death, deployment_id, cdir))
+                        break
                     v = summary.get("validity") or {}
                     log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
                     publish(e, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
@@ -378,7 +393,18 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
             status = "failed"
             failure = {"stage": "cancelled", "reason": "signal", "message": f"job received signal {exc.signum}"}
             exit_code = 128 + exc.signum
+        except Exception:
+            if not ((death is not None and death.died) or (watchdog is not None and watchdog.fired)):
+                raise
+            traceback.print_exc()  # the server died or was stopped as idle under it: a deployment failure, below
         finally:
+            if death is not None:
+                death.close()
+                if death.died and status == "ok":
+                    status = "failed"
+                    failure = {"stage": stage_now, "reason": "exited",
+                               "message": f"server exited with code {death.exit_code} at {death.died_at} during "
+                                          f"{stage_now}; its process group was stopped at once"}
             if watchdog is not None:
                 watchdog.close()
                 if watchdog.fired:
@@ -434,6 +460,11 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     return exit_code
 
 
+def _died_message(death, deployment_id: str, cdir: Path) -> str:
+    return (f"server of deployment {deployment_id} exited with code {death.exit_code} at {death.died_at} during this "
+            f"cell; partial raw artifacts in {cdir}. Re-run the cell: the next deployment reuses the valid cells")
+
+
 def _pin_client(cpus, log) -> None:
     """Pin this process (the load generator) to ``cpus``; the server started earlier keeps its affinity."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
@@ -457,15 +488,35 @@ def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> 
         atomic.write_json(out / "deployment.json", rec)
 
 
-def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, progress=None) -> None:
+CAPACITY_FILES = ("gates.json", "steps.jsonl", "soaks.jsonl", "capacity.png", "knee.json")  # knee.json last
+
+
+def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, attempt: Path,
+                  progress=None) -> None:
+    """The search runs in ``<attempt>/capacity/`` (its raw steps too); only a complete search replaces the
+    published result in ``out`` — an interrupted one leaves the previous attempt's files untouched."""
     from . import capacity
     from . import corpus as corpusmod
 
     cap = spec["capacity"]
     prompts = corpusmod.load_prompts(spec["capacity_corpus_dir"])
-    capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, out,
+    work = attempt / "capacity"
+    capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, work,
                           server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],
                           api_key=eng.get("api_key"), progress=progress)
+    publish_capacity(work, out)
+
+
+def publish_capacity(work: Path, out: Path) -> None:
+    """Copy a complete search's files from its attempt into ``out`` atomically, ``knee.json`` last."""
+    if not (work / "knee.json").exists():
+        raise RuntimeError(f"{work}: capacity search wrote no knee.json; the published result stays as it was")
+    for name in CAPACITY_FILES:
+        src = work / name
+        if src.exists():
+            atomic.write_bytes(out / name, src.read_bytes())
+        else:
+            (out / name).unlink(missing_ok=True)
 
 
 def _cmd_run(args) -> int:

@@ -836,11 +836,18 @@ def _cmd_capture(args) -> int:
         if args.limit:
             prompts = prompts[: args.limit]
         api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
-        capture_greedy(args.base_url, args.model, prompts, args.out, deployment_id=args.deployment_id, arm=args.arm,
-                       capture_index=args.capture_index, corpus=corpus, seed=args.seed, api_key=api_key)
+        rec = capture_greedy(args.base_url, args.model, prompts, args.out, deployment_id=args.deployment_id,
+                             arm=args.arm, capture_index=args.capture_index, corpus=corpus, seed=args.seed,
+                             api_key=api_key)
     except (GateInputError, schemas.ValidationError) as exc:
         print(f"specstudy gate capture: {exc}", file=sys.stderr)
         return 2
+    if not any(r["success"] for r in rec["prompts"]):
+        print(f"specstudy gate capture: error: none of the {len(rec['prompts'])} prompts succeeded against "
+              f"{args.base_url} (model {args.model}); first error: {rec['prompts'][0]['error']}. "
+              f"The capture ({args.out}) records every error; check that a vLLM server serves this model there.",
+              file=sys.stderr)
+        return 1
     return 0
 
 

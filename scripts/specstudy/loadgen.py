@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -764,4 +765,10 @@ def _cli(args) -> int:
     atomic.write_json(os.path.join(args.out, "client.json"), res.client)
     ok = sum(r["success"] for r in res.rows)
     print(f"{ok}/{len(res.rows)} requests succeeded; limited={res.client['limited']} {res.client['limited_reasons']}")
+    if res.rows and not ok:
+        first = next((r["error"] for r in res.rows if r.get("error")), "unsuccessful")
+        print(f"specstudy loadgen: error: none of the {len(res.rows)} requests to {args.base_url} succeeded; first "
+              f"error: {first}. Check --base-url and --model (the rows in {args.out}/requests.jsonl keep every error).",
+              file=sys.stderr)
+        return 1
     return 0

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sys
 from itertools import product
 from pathlib import Path
 
 from . import atomic
 from .atomic import sha256_file
-from .config import load_config, load_prereg, prereg_path
+from .config import ConfigError, load_config, load_prereg, prereg_path
 
 ARM_PATTERN = r"baseline|draft-k[0-9]+-tp[0-9]+|ngram-k[0-9]+"
 REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
@@ -209,7 +210,10 @@ def prereg_lock(cfg: dict | None = None, path: str | Path | None = None) -> dict
         load_prereg(cfg)  # validates
     else:
         load_prereg({"study": {"preregistration": str(path)}})
-    return {"schema": "specstudy.prereg-lock/1", "preregistration": str(path), "sha256": sha256_file(path)}
+    from .prereg_guard import lock_content
+
+    return {"schema": "specstudy.prereg-lock/1", "preregistration": str(path), "sha256": sha256_file(path),
+            "content": lock_content(path)}
 
 
 # ---------------------------------------------------------------- CLI
@@ -223,6 +227,7 @@ def _cmd_plan(args) -> int:
         print("specstudy plan: --out is required (or --cost for the cost preview)")
         return 2
     cfg = load_config(args.config)
+    load_prereg(cfg)  # every plan belongs to a pre-registered study: a missing or broken one stops here
     arms = None
     if args.selection:
         from .select import SelectionError, verify_selection
@@ -254,11 +259,12 @@ def _cmd_lock(args) -> int:
     out = Path(args.out)
     lock = prereg_lock(path=args.prereg)
     if out.exists():
-        old = atomic.read_json(out)
-        if old.get("sha256") != lock["sha256"]:
-            print(f"error: {out} locks pre-registration sha256 {old.get('sha256')}, but {lock['preregistration']} now has "
-                  f"{lock['sha256']}. The pre-registration must not change after screening started; restore it "
-                  f"(git checkout {lock['preregistration']}) or start a new study (new results directory).")
+        from .prereg_guard import verify_lock
+
+        try:
+            verify_lock(out, args.prereg)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
     from . import schemas

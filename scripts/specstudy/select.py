@@ -196,14 +196,13 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
                   out: str, screen_root: str = "results/screen", gate_paths: list[str] | None = None) -> dict:
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)
-    lock = atomic.read_json(lock_path)
-    from .config import prereg_path
+    from .config import ConfigError, prereg_path
+    from .prereg_guard import verify_lock
 
-    current = sha256_file(prereg_path(cfg))
-    if lock.get("sha256") != current:
-        raise SelectionError(
-            f"pre-registration changed since screening started: {lock_path} locked sha256 {lock.get('sha256')}, "
-            f"{prereg_path(cfg)} now hashes to {current}. Restore the locked file (git checkout) or start a new study.")
+    try:
+        lock = verify_lock(lock_path, prereg_path(cfg))
+    except ConfigError as exc:
+        raise SelectionError(str(exc)) from None
     root = Path(screen_root).resolve()
     paths = list(summary_paths) + list(deployment_paths)
     for p in paths:

@@ -835,6 +835,11 @@ def read_tables(tables: str | Path) -> dict:
 
 
 def _cmd_tables(args) -> int:
+    if not Path(args.results).is_dir():
+        from .errors import UserError
+
+        raise UserError(f"--results {args.results}: no such results directory (run from the study's working "
+                        "directory, or pass the directory that holds screen/, confirm/, gates/)")
     written = build_tables(args.results, args.out)
     for t, p in written.items():
         print(f"{t}: {p}")
