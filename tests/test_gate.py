@@ -492,3 +492,15 @@ def test_upstream_aggregation_of_their_per_prompt_values(name):
         st = gate._stat([r[ok] for r in rows])
         assert st["median"] == pytest.approx(up["divergence"][uk]["p50"], abs=1e-12)
         assert st["mean"] == pytest.approx(up["divergence"][uk]["mean"], abs=1e-12)
+
+
+def test_failed_baseline_repeat_named_once_when_it_is_also_the_control(tmp_path):
+    base1, _, spec1 = _arms()
+    dep = {"schema": "specstudy.deployment/1", "deployment_id": "b2-x", "status": "failed", "rep": 2,
+           "failure": {"stage": "readiness", "reason": "timeout"}, "smoke": {"captures": []}}
+    p = tmp_path / "deployment.json"
+    p.write_text(json.dumps(dep))
+    ok = _dep_record(tmp_path, base1, 1)
+    g = gate.judge([ok, str(p)], [spec1], margins=MARGINS, control=[ok, str(p)])
+    assert g["verdict"] == "no_verdict"
+    assert [r["code"] for r in g["reasons"]].count("deployment_failed") == 1

@@ -285,6 +285,8 @@ def test_drift_deployments_reach_the_tables(tree):
     assert drift_cells[0]["rep"] == 1
     repeat = [r for r in rows["cells"] if r["arm"] == "baseline" and r["rep"] == 1 and r["kind"] == "repeat"]
     assert repeat and all(r["rep_label"] == "rep1" for r in repeat)
+    reqs = {(r["kind"], r["rep_label"]) for r in rows["requests"] if r["arm"] == "baseline" and r["rep"] == 1}
+    assert reqs == {("repeat", "rep1")}  # the copied drift cell has no attempt; rep1's requests are labelled
     deps = [r for r in rows["deployments"] if r["deployment_id"] == dep_id]
     assert len(deps) == 1 and deps[0]["kind"] == "drift" and deps[0]["rep_label"] == "drift1"
     tables.build_tables(tree, tree / "tables")

@@ -623,9 +623,13 @@ def judge(
     def reason(code, detail):
         reasons.append({"code": code, "detail": detail})
 
+    seen_failed = set()
     for group_name, failed in (("baseline", base_failed), ("candidate", cand_failed),
                                ("control", ca_failed + cb_failed)):
         for f in failed:
+            if (f["deployment_id"], f["path"]) in seen_failed:  # the control often is the baseline's repeats
+                continue
+            seen_failed.add((f["deployment_id"], f["path"]))
             reason("deployment_failed", f"{group_name} deployment {f['deployment_id']} failed ({f['reason']}); "
                    f"record {f['path']}")
     if not base_caps:

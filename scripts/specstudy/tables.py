@@ -668,7 +668,8 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
                         continue
                     conc = int(cm[1])
                     keys = arm_keys(phase, arm, rep, spec)
-                    keys.update({"workload": workload, "concurrency": conc})
+                    keys.update({"workload": workload, "concurrency": conc, "kind": _kind_of(rdir.name),
+                                 "rep_label": rdir.name})
                     out["requests"].extend(request_rows(_read_jsonl(req), keys, att.name,
                                                         chosen.get((workload, conc)) == att.name))
     fdir = results / "deployment-failures"
