@@ -345,8 +345,10 @@ CASES: list[Case] = [
     Case("check-config-malformed-yaml", lambda d: [*SPECSTUDY, "check-config", str(_spec(
         d, "study:\n  name: x\n engine: [unclosed\n", "bad.yaml"))], ["bad.yaml", "line 3"]),
     Case("check-config-broken-corpus-spec", lambda d: [*SPECSTUDY, "check-config", str(_write_yaml(
-        d / "study.yaml", {**_small_config(d), "corpora": {"workloads": {"code": str(_spec(d, "name: [\n"))},
-                                                           "smoke": str(ROOT / "corpora/embedded/smoke.yaml")}}))],
+        d / "study.yaml", {**_small_config(d), "corpora": {"workloads": {
+            "open_chat": str(ROOT / "corpora/embedded/open_chat.yaml"), "code": str(_spec(d, "name: [\n")),
+            "summarization": str(ROOT / "corpora/embedded/summarization.yaml")},
+            "smoke": str(ROOT / "corpora/embedded/smoke.yaml")}}))],
          ["spec.yaml", "line"]),
     Case("sm-corpus-spec-missing", sm_case(_sm_missing_spec), ["nope.yaml", "corpora.workloads.code"], snakemake=True),
     Case("sm-corpus-spec-broken-yaml", sm_case(_sm_broken_spec_yaml), ["code.yaml", "line"], snakemake=True),

@@ -3,6 +3,9 @@
 # The study runs in the background (its own session, so it outlives the call that started it while the
 # machine stays warm); each call waits, prints progress and packs what exists under $OUT.
 #
+#   envs/gpu/lease.sh prebuild         # while the parts are still arriving: build the fixture models in the
+#                                      # background with the image's torch (the rule has no inputs, so
+#                                      # Snakemake later takes the finished models.json as up to date)
 #   envs/gpu/lease.sh start BUDGET_S   # after the offline install: start the study + extras in the background
 #   envs/gpu/lease.sh wait  SECONDS    # wait (at most SECONDS) for the background run; print progress; pack
 #   envs/gpu/lease.sh pack             # pack results/ (no model weights) and logs into $OUT (<= 15 MB parts)
@@ -73,9 +76,22 @@ pack() {
 }
 
 case "${1:-}" in
+  prebuild)
+    mkdir -p results/logs/models
+    say "prebuild: fixture models (results/models/fixture) in the background"
+    setsid nohup bash -c 't0=$(date +%s); python3 -c "import sys; sys.path.insert(0, \"$0/scripts\"); \
+from specstudy.fixture_models import build_fixture_models; build_fixture_models(\"results/models/fixture\", seed=0)" \
+      > results/logs/models/fixture.log 2>&1; echo $? > "$1/prebuild.rc"; echo "prebuild: rc $(cat "$1/prebuild.rc") after $(( $(date +%s) - t0 )) s" >> "$1/lease.log"' \
+      "$REPO" "$LEASE" < /dev/null > /dev/null 2>&1 &
+    sleep 2; tail -n 2 results/logs/models/fixture.log ;;
   start)
     budget=${2:?usage: lease.sh start BUDGET_S}
     deadline=$(( $(now) + budget ))
+    if [ -f results/logs/models/fixture.log ] && [ ! -f "$LEASE/prebuild.rc" ]; then
+      say "waiting for the fixture-model prebuild to finish"
+      while [ ! -f "$LEASE/prebuild.rc" ]; do sleep 2; done
+    fi
+    [ -f "$LEASE/prebuild.rc" ] && say "prebuild rc $(cat "$LEASE/prebuild.rc")"
     nvidia-smi > "$LEASE/nvidia-smi.txt" 2>&1
     say "background run starts; deadline in $budget s"
     setsid nohup bash "$0" _background "$deadline" > "$LEASE/background.log" 2>&1 < /dev/null &
@@ -87,5 +103,5 @@ case "${1:-}" in
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
-  *) echo "usage: lease.sh start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
+  *) echo "usage: lease.sh prebuild | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
 esac
