@@ -33,9 +33,9 @@ def test_gpu_config_validates_and_preregisters_confirmation_at_1_8_32():
 
 def test_request_counts_follow_the_concurrency_level():
     cells = load_config(str(GPU_CONFIG))["cells"]
-    assert request_counts(cells, 1) == (16, 2)
-    assert request_counts(cells, 8) == (48, 8)
-    assert request_counts(cells, 32) == (128, 32)
+    assert request_counts(cells, 1) == (8, 2)
+    assert request_counts(cells, 8) == (32, 8)
+    assert request_counts(cells, 32) == (96, 32)
     # A level the mapping does not name falls back to the flat counts.
     assert request_counts(cells, 4) == (cells["requests"], cells["warmup_requests"])
     assert request_counts({"requests": 12, "warmup_requests": 4}, 32) == (12, 4)
@@ -57,7 +57,7 @@ def test_fingerprint_changes_with_the_request_count_of_the_level():
             "engine": cfg["engine"]}
     cell = {"workload": "code", "concurrency": 32}
     before = _fingerprint(spec, cell, "d1")
-    spec["cell_settings"] = dict(cfg["cells"], requests_by_concurrency={"1": 16, "8": 48, "32": 64})
+    spec["cell_settings"] = dict(cfg["cells"], requests_by_concurrency={"1": 8, "8": 32, "32": 64})
     assert _fingerprint(spec, cell, "d1") != before
 
 
