@@ -69,7 +69,7 @@ def classify(rc: int, out: str, expect: list[str]) -> str:
 
 def _small_config(d: Path, **edits) -> dict:
     cfg = yaml.safe_load((ROOT / "tests/data/study-small.yaml").read_text())
-    cfg["study"]["preregistration"] = str(ROOT / "config/preregistration.yaml")
+    cfg["study"]["preregistration"] = str(ROOT / "tests/data/preregistration-small.yaml")
     for w, s in list(cfg["corpora"]["workloads"].items()):
         cfg["corpora"]["workloads"][w] = str(ROOT / s)
     cfg["corpora"]["smoke"] = str(ROOT / cfg["corpora"]["smoke"])
@@ -170,7 +170,7 @@ def _lock(d: Path) -> Path:
     from specstudy.plan import prereg_lock
 
     p = d / "prereg-lock.json"
-    p.write_text(json.dumps(prereg_lock(path=ROOT / "config/preregistration.yaml")))
+    p.write_text(json.dumps(prereg_lock(path=ROOT / "tests/data/preregistration-small.yaml")))
     return p
 
 
@@ -225,8 +225,11 @@ def _upstream_cell(d: Path, summary_text: str | None = None) -> Path:
     (c / "metadata.json").write_text(json.dumps({"variant": "ngram-k3", "cell": "code/c8/repeat-01",
                                                  "workload_file_sha256": "0" * 64}))
     (c / "requests.jsonl").write_text(json.dumps({"request_index": 0}) + "\n")
-    (c / "metrics_before.prom").write_text("")
-    (c / "metrics_after.prom").write_text("")
+    spec = ('vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {0}\n'
+            'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {0}\n'
+            'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {0}\n')
+    (c / "metrics_before.prom").write_text(spec.format(0.0))  # the importer reads counters before the summary
+    (c / "metrics_after.prom").write_text(spec.format(3.0))
     return c
 
 

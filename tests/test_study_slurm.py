@@ -55,6 +55,7 @@ def workdir(tmp_path, fixture_models):
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     # the small study replaces the default one (a --configfile would be merged into it)
     shutil.copy(ROOT / "tests" / "data" / "study-small.yaml", tmp_path / "config" / "config.yaml")
+    shutil.copytree(ROOT / "tests" / "data", tmp_path / "tests" / "data")  # its pre-registration
     shutil.copytree(fixture_models["dir"], tmp_path / "results" / "models" / "fixture")
     return tmp_path
 

@@ -110,7 +110,9 @@ def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>"
             if (kind == "list") != isinstance(roles[role], list):
                 problems.append(f"{where}.roles.{role}: must be {'a list of workloads' if kind == 'list' else 'one workload name'}")
             for name in names:
-                if name not in workloads:
+                # Membership is checked where the study's workloads are known (a caller holding only the
+                # pre-registration's path, e.g. a lock check, cannot tell and checks the rest).
+                if workloads and name not in workloads:
                     problems.append(f"{where}.roles.{role}: {name!r} is not a workload of this study; "
                                     f"use one of {workloads} (corpora.workloads)")
         extra = set(roles) - set(test["roles"])
