@@ -6,6 +6,9 @@
 #   envs/gpu/lease.sh prebuild         # while the parts are still arriving: build the fixture models in the
 #                                      # background with the image's torch (the rule has no inputs, so
 #                                      # Snakemake later takes the finished models.json as up to date)
+#   envs/gpu/lease.sh early-wheels     # HERE, after `make gpu-stage`: copy the few wheels the prebuild needs
+#                                      # beyond the image (jsonschema and its dependencies) to .stage/early,
+#                                      # to be carried with the first part
 #   envs/gpu/lease.sh start BUDGET_S   # after the offline install: start the study + extras in the background
 #   envs/gpu/lease.sh wait  SECONDS    # wait (at most SECONDS) for the background run; print progress; pack
 #   envs/gpu/lease.sh pack             # pack results/ (no model weights) and logs into $OUT (<= 15 MB parts)
@@ -76,10 +79,22 @@ pack() {
 }
 
 case "${1:-}" in
+  early-wheels)
+    cache=${SPECSTUDY_GPU_WHEEL_CACHE:-$HOME/.cache/specstudy/gpu-wheels}/wheels
+    mkdir -p "$REPO/.stage/early"
+    for w in jsonschema-4 jsonschema_specifications referencing rpds_py typing_extensions; do
+      cp "$cache"/$w*.whl "$REPO/.stage/early/" || { echo "early-wheels: no $w wheel in $cache (run make gpu-stage)"; exit 2; }
+    done
+    du -sh "$REPO/.stage/early" ;;
   prebuild)
     mkdir -p results/logs/models
+    early=""
+    if ls "$REPO"/.stage/early/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/specstudy-early "$REPO"/.stage/early/*.whl \
+        && early=/tmp/specstudy-early
+    fi
     say "prebuild: fixture models (results/models/fixture) in the background"
-    setsid nohup bash -c 't0=$(date +%s); python3 -c "import sys; sys.path.insert(0, \"$0/scripts\"); \
+    setsid nohup env PYTHONPATH="$early${early:+:}${PYTHONPATH:-}" bash -c 't0=$(date +%s); python3 -c "import sys; sys.path.insert(0, \"$0/scripts\"); \
 from specstudy.fixture_models import build_fixture_models; build_fixture_models(\"results/models/fixture\", seed=0)" \
       > results/logs/models/fixture.log 2>&1; echo $? > "$1/prebuild.rc"; echo "prebuild: rc $(cat "$1/prebuild.rc") after $(( $(date +%s) - t0 )) s" >> "$1/lease.log"' \
       "$REPO" "$LEASE" < /dev/null > /dev/null 2>&1 &
@@ -103,5 +118,5 @@ from specstudy.fixture_models import build_fixture_models; build_fixture_models(
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
-  *) echo "usage: lease.sh prebuild | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
+  *) echo "usage: lease.sh early-wheels | prebuild | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
 esac
