@@ -51,8 +51,12 @@ def _engine_variant(engine: dict, *, eager: bool, cache_dir: Path) -> dict:
     if eager:
         args.append("--enforce-eager")
     eng["extra_args"] = args
-    eng["env"] = dict(eng["env"], VLLM_CACHE_ROOT=str(cache_dir / "vllm"),
-                      TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"), TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    # The compile cache through the launcher's own setting (engine.server.cache_root -> VLLM_CACHE_ROOT),
+    # the inductor and Triton caches beside it, so that "cold" is cold for all three.
+    eng["cache_root"] = str(cache_dir / "vllm")
+    eng["env"] = dict(eng["env"], TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"),
+                      TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    eng["env"].pop("VLLM_CACHE_ROOT", None)
     return eng
 
 
@@ -72,14 +76,16 @@ def start_once(engine: dict, label: str, *, eager: bool, cache_dir: Path, reques
     finally:
         server.stop(grace_s=float(eng["stop_grace_s"]))
     ok = [r for r in res.rows if r.get("success") and r.get("tpot_ms") is not None]
-    conf = deploy.parse_launch_log((attempt / "launch.log").read_text(encoding="utf-8", errors="replace"))
-    startup = conf.get("startup") or {}
+    log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
+    conf = deploy.parse_launch_log(log_text)
+    comp = conf.get("compilation") or {}
+    startup = deploy.startup_phases(log_text, ready=server.ready_at, confounds=conf,
+                                    cache="cold" if files_before == 0 else "warm")
     return {"label": label, "eager": eager, "cache_files_before": files_before, "ready_s": round(ready_s, 2),
             "ready_probe_s": ready["seconds"], "model_loading_s": (conf.get("model_loading") or {}).get("seconds"),
             "engine_init_s": conf.get("engine_init_seconds"),
-            "compile_s": (conf.get("compilation") or {}).get("torch_compile_seconds") if isinstance(conf.get("compilation"), dict) else None,
-            "graph_capture_s": (conf.get("compilation") or {}).get("cuda_graph_seconds") if isinstance(conf.get("compilation"), dict) else None,
-            "startup_phases": startup.get("phases"),
+            "compile_s": comp.get("torch_compile_seconds"), "graph_capture_s": comp.get("graph_capture_seconds"),
+            "compile_cache": comp.get("compile_cache"), "startup_phases": startup.get("phases"),
             "tpot_p50_ms": round(statistics.median(r["tpot_ms"] for r in ok), 3) if ok else None,
             "ok": len(ok), "n": len(res.rows), "launch_log": str(attempt / "launch.log")}
 

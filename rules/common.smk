@@ -36,7 +36,8 @@ if _LOCK.exists():
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
 # A report or tables built from a checkpoint output that is now missing are stale: moved aside, rebuilt.
-_quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr))
+_quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr),
+                  capacity=bool((config.get("capacity") or {}).get("enabled")))
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])

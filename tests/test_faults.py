@@ -199,30 +199,25 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
     """Re-measuring one confirmation cell re-runs its deployment; the capacity search does not re-run."""
     fake_screening(workdir)
     sm(workdir, "results/selection/selection.json")
-    from specstudy import plan as planmod
     from specstudy.config import load_config
+    from test_workflow_dag import CLEAR, _fake_confirm_rounds
 
     cfg = load_config(workdir / "config" / "config.yaml")
     sel = json.loads((workdir / "results/selection/selection.json").read_text())
-    p = planmod.make_plan(cfg, "confirm", arms=sel["confirmation_arms"])
-    t = time.time() - 2000
+    # confirmation as the workflow leaves it: the real plan and round checkpoint over faked cells
+    sm(workdir, "results/plan/confirm.json")
+    _fake_confirm_rounds(workdir, CLEAR, {1, 2, 3})
+    sm(workdir, "results/confirm/rounds/round3.json")
+    t = time.time()
 
     def write(path: str, obj) -> None:
         nonlocal t
         f = workdir / path
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(obj))
-        t += 1
+        t += 0.01
         os.utime(f, (t, t))
 
-    write("results/plan/confirm.json", {})
-    for d in p["deployments"]:
-        for c in d["cells"]:
-            write(f"results/confirm/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json",
-                  {"keys": {"phase": "confirm", "arm": d["arm"], "workload": c["workload"],
-                            "concurrency": c["concurrency"]}, "validity": {"valid": True},
-                   "tokens": {"output_tokens_per_second": 100.0}})
-        write(f"results/confirm/{d['arm']}/{d['rep']}/deployment.json", {"status": "ok"})
     for arm in sel["confirmation_arms"]:
         if arm != "baseline":
             write(f"results/gates/confirm/{arm}.json", {"arm": arm, "verdict": "pass"})
@@ -240,6 +235,13 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
     # the re-run deployment of one confirmation cell rewrites its record (new deployment id) ...
     rec = workdir / "results/confirm/baseline/rep1/deployment.json"
     rec.write_text(json.dumps({"status": "ok", "deployment_id": "new"}))
+    # ... and the cheap steps after it (round checkpoint, gates, final candidate: files only) run again,
+    # as if they had just produced the same decision; the capacity search must still not re-run
+    later = time.time() + 5
+    for f in ["results/confirm/rounds/round3.json", "results/selection/final-candidate.json",
+              *[f"results/gates/confirm/{a}.json" for a in arms]]:
+        os.utime(workdir / f, (later, later))
+        later += 0.01
     out = sm(workdir, "-n", "capacity").stdout
     assert "capacity_search" not in job_counts(out), out[-2000:]
 

@@ -321,3 +321,18 @@ def test_fetch_uses_cached_wheels_by_hash_without_pip(tmp_path, monkeypatch):
     req.write_text(f"dep0==2.0 --hash=sha256:{sha(w)}\n")  # the hash of another version's wheel
     with pytest.raises(stage.StageError, match=r"dep0==2.0's hash is dep0-1.0-py3-none-any.whl"):
         stage.fetch_wheels(stage.parse_pins(req, "engine"), req, cache)
+
+
+def test_env_puts_the_checkouts_package_before_the_installed_copy(tmp_path):
+    """First H200 run: the installed copy of specstudy looked for config/schemas beside the site
+    (/tmp/config/schemas) and every rule failed; env.sh must put the checkout's scripts/ first."""
+    site = tmp_path / "site"
+    lines = inst.env_lines(site, {"env": {}}, ROOT)
+    pythonpath = next(line for line in lines if line.startswith("export PYTHONPATH="))
+    first, second = pythonpath.split('"')[1].split("$")[0].rstrip(":").split(":")[:2]
+    assert first == str(ROOT.resolve() / "scripts") and second == str(site)
+    # and that package finds the checkout's schemas
+    code = "from specstudy import schemas; schemas.load_schema('corpus-spec'); print('ok')"
+    r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": first, "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.strip() == "ok", r.stderr

@@ -32,30 +32,24 @@ def test_plot_captions_of_snakemake_report_match_the_html_report():
 
 
 def _fake_confirmation(wd: Path) -> None:
-    import sys
+    """Confirmation as the workflow would leave it: the real plan and round checkpoint over faked cells
+    (a clear result, so the initial rounds end it), then gates and tables newer than every cell."""
+    from test_workflow_dag import CLEAR, _fake_confirm_rounds
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy import plan as planmod
-    from specstudy.config import load_config
-
-    cfg = load_config(wd / "config" / "config.yaml")
+    sm(wd, "results/plan/confirm.json")
+    _fake_confirm_rounds(wd, CLEAR, {1, 2, 3})
+    sm(wd, "results/confirm/rounds/round3.json")
     arms = json.loads((wd / "results/selection/selection.json").read_text())["confirmation_arms"]
-    p = planmod.make_plan(cfg, "confirm", arms=arms)
-    t = time.time() - 1000
+    t = time.time()  # after every faked cell, before the report built below
 
     def write(path: str, obj) -> None:
         nonlocal t
         f = wd / path
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(obj))
-        t += 1
+        t += 0.01
         os.utime(f, (t, t))
 
-    write("results/plan/confirm.json", {})
-    for d in p["deployments"]:
-        for c in d["cells"]:
-            write(f"results/confirm/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json", {})
-        write(f"results/confirm/{d['arm']}/{d['rep']}/deployment.json", {})
     for arm in arms:
         if arm != "baseline":
             write(f"results/gates/confirm/{arm}.json", {})

@@ -203,7 +203,10 @@ def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds
         os.utime(f, (t[0], t[0]))
 
     for d in p["deployments"]:
-        if d["kind"] != "repeat" or d["round"] not in rounds:
+        # interleaved drift baselines belong to the initial rounds' blocks: written with round 1
+        if d["kind"] == "drift" and 1 in rounds:
+            d = dict(d, round=1)
+        elif d["kind"] != "repeat" or d["round"] not in rounds:
             continue
         r = d["round"] - 1
         for c in d["cells"]:

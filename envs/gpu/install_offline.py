@@ -232,9 +232,14 @@ def reassemble(manifest: dict, folders: dict[str, Path], dest_dir: Path) -> Path
     return out
 
 
-def env_lines(site: Path, manifest: dict) -> list[str]:
+def env_lines(site: Path, manifest: dict, project: Path | None = None) -> list[str]:
+    """The exports of env.sh. With the project, its ``scripts/`` comes first on PYTHONPATH: the installed
+    copy provides the ``specstudy`` command, but the package must be the checkout's own, which finds the
+    checkout's ``config/schemas`` (an installed copy looks for them beside itself, under the site's parent;
+    seen on the first H200 run: "no schema 'corpus-spec': expected /tmp/config/schemas/...")."""
     env = {**manifest.get("env", {}), **ENV_EXTRA}
-    lines = [f'export PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"', f'export PATH="{site}/bin:$PATH"']
+    paths = ([str(project.resolve() / "scripts")] if project is not None else []) + [str(site)]
+    lines = [f'export PYTHONPATH="{":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}"', f'export PATH="{site}/bin:$PATH"']
     lines += [f"export {k}={v}" for k, v in sorted(env.items())]
     return lines
 
@@ -274,7 +279,7 @@ def install(stage: Path, holding: Path, site: Path, python: str, project: Path |
     new.rename(site)
     shutil.rmtree(work)
     ts(f"{len(wheels)} wheels{' + ' + str(project) if project else ''} installed into {site}")
-    lines = env_lines(site, manifest)
+    lines = env_lines(site, manifest, project)
     env_file = site / "env.sh"
     env_file.write_text("# written by envs/gpu/install_offline.py; `source` it\n" + "\n".join(lines) + "\n")
     if import_check:

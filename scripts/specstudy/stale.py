@@ -21,11 +21,15 @@ CHECKPOINT_DEPENDENTS = {
 }
 
 
-def quarantine_stale(root: str | os.PathLike = ".", log=print) -> list[Path]:
+def quarantine_stale(root: str | os.PathLike = ".", log=print, capacity: bool = True) -> list[Path]:
+    """``capacity``: whether the study runs the capacity search; without it the final candidate is never
+    built and its absence says nothing about the report."""
     root = Path(root)
     moved: list[Path] = []
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for checkpoint, dependents in CHECKPOINT_DEPENDENTS.items():
+        if checkpoint.endswith("final-candidate.json") and not capacity:
+            continue
         if (root / checkpoint).exists():
             continue
         for dep in dependents:

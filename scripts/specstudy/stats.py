@@ -687,7 +687,7 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
         if cand["arm"] not in gate_by_arm:
             note = f"no {gate_phase} gate verdict" + (f" (the {other[cand['arm']]} gate does not stand in for it)"
                                                      if cand["arm"] in other else "")
-            cand.setdefault("blockers", []).append(note)
+            cand["blockers"] = [note] + [b for b in cand.get("blockers", []) if b != "gate verdict missing"]
     out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
                                           bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out
