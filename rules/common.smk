@@ -22,8 +22,18 @@ except ConfigError as exc:
 
 PREREG_FILE = str(prereg_path(config))
 _LOCK = Path("results/screen/prereg-lock.json")
+def _read_result(path):
+    """A result file read at DAG time; a corrupt one is a WorkflowError naming the file and the fix."""
+    from specstudy.atomic import BadFile, read_json
+
+    try:
+        return read_json(path)
+    except BadFile as exc:
+        raise WorkflowError(str(exc)) from None
+
+
 if _LOCK.exists():
-    _locked = json.loads(_LOCK.read_text()).get("preregistration")
+    _locked = _read_result(_LOCK).get("preregistration")
     if _locked and os.path.abspath(_locked) != os.path.abspath(PREREG_FILE):
         raise WorkflowError(
             f"results/ belongs to the study pre-registered in {_locked} ({_LOCK}), but this config "
@@ -143,8 +153,7 @@ def selection_file(wildcards=None):
 
 def confirm_plan():
     """The confirmation plan: built only from the selection checkpoint's output."""
-    with open(selection_file()) as fh:
-        selection = json.load(fh)
+    selection = _read_result(selection_file())
     return _plan.make_plan(config, "confirm", arms=selection["confirmation_arms"], prereg=PREREG)
 
 
@@ -296,8 +305,7 @@ def final_candidate_file(wildcards=None):
 
 
 def capacity_arms():
-    with open(final_candidate_file()) as fh:
-        decision = json.load(fh)
+    decision = _read_result(final_candidate_file())
     return ["baseline"] + ([decision["arm"]] if decision.get("arm") else [])
 
 
