@@ -187,6 +187,13 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
     assert (a2 / "capacity" / "raw" / "step-001" / "requests.jsonl").read_text().startswith(str(a2))
     assert not (out / "raw").exists()
 
+    # a search that "completes" against a server that died under it is not published either
+    a_dead = out / "attempts" / "capacity-baseline-dead"
+    monkeypatch.setattr(capacity, "run_capacity", fake_search(8.0))
+    with pytest.raises(RuntimeError, match="server died during the capacity search"):
+        deployment_run._run_capacity(spec, Srv(), "m", {}, {}, out, a_dead, alive=lambda: False)
+    assert _capacity_files(out) == first
+
     a3 = out / "attempts" / "capacity-baseline-3"
     monkeypatch.setattr(capacity, "run_capacity", fake_search(9.0))
     deployment_run._run_capacity(spec, Srv(), "m", {}, {}, out, a3)

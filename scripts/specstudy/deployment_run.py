@@ -249,7 +249,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
                                                               "confounds": deploy.parse_launch_log(log_text)}, out,
-                                  attempt)
+                                  attempt, alive=death.alive)
                 for e in to_measure:
                     if watchdog is not None:
                         watchdog.touch()
@@ -379,7 +379,8 @@ def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> 
 CAPACITY_FILES = ("gates.json", "steps.jsonl", "soaks.jsonl", "capacity.png", "knee.json")  # knee.json last
 
 
-def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, attempt: Path) -> None:
+def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, attempt: Path,
+                  alive=None) -> None:
     """The search runs in ``<attempt>/capacity/`` (its raw steps too); only a complete search replaces the
     published result in ``out`` — an interrupted one leaves the previous attempt's files untouched."""
     from . import capacity
@@ -391,6 +392,8 @@ def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out:
     capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, work,
                           server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],
                           api_key=eng.get("api_key"))
+    if alive is not None and not alive():  # the server died during the search: its steps measured a dead server
+        raise RuntimeError(f"{work}: the server died during the capacity search; the published result stays as it was")
     publish_capacity(work, out)
 
 
