@@ -22,8 +22,18 @@ except ConfigError as exc:
 
 PREREG_FILE = str(prereg_path(config))
 _LOCK = Path("results/screen/prereg-lock.json")
+def _read_result(path):
+    """A result file read at DAG time; a corrupt one is a WorkflowError naming the file and the fix."""
+    from specstudy.atomic import BadFile, read_json
+
+    try:
+        return read_json(path)
+    except BadFile as exc:
+        raise WorkflowError(str(exc)) from None
+
+
 if _LOCK.exists():
-    _locked = json.loads(_LOCK.read_text()).get("preregistration")
+    _locked = _read_result(_LOCK).get("preregistration")
     if _locked and os.path.abspath(_locked) != os.path.abspath(PREREG_FILE):
         raise WorkflowError(
             f"results/ belongs to the study pre-registered in {_locked} ({_LOCK}), but this config "
@@ -378,8 +388,7 @@ def final_candidate_file(wildcards=None):
 
 
 def capacity_arms():
-    with open(final_candidate_file()) as fh:
-        decision = json.load(fh)
+    decision = _read_result(final_candidate_file())
     return ["baseline"] + ([decision["arm"]] if decision.get("arm") else [])
 
 

@@ -187,6 +187,13 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
     assert (a2 / "capacity" / "raw" / "step-001" / "requests.jsonl").read_text().startswith(str(a2))
     assert not (out / "raw").exists()
 
+    # a search that "completes" against a server that died under it is not published either
+    a_dead = out / "attempts" / "capacity-baseline-dead"
+    monkeypatch.setattr(capacity, "run_capacity", fake_search(8.0))
+    with pytest.raises(RuntimeError, match="server died during the capacity search"):
+        deployment_run._run_capacity(spec, Srv(), "m", {}, {}, out, a_dead, alive=lambda: False)
+    assert _capacity_files(out) == first
+
     a3 = out / "attempts" / "capacity-baseline-3"
     monkeypatch.setattr(capacity, "run_capacity", fake_search(9.0))
     deployment_run._run_capacity(spec, Srv(), "m", {}, {}, out, a3)
@@ -458,3 +465,48 @@ def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(workdir):
     cells[0].write_text(json.dumps(s))
     os.utime(cells[0], (later + 1, later + 1))
     assert job_counts(sm(workdir, "-n", "results/selection/selection.json").stdout).get("select") == 1
+
+
+SLOW_SNAKEFILE = """
+rule slow:
+    output: "out.txt"
+    shell: "trap 'echo TERM >> signals.log; exit 143' TERM; trap 'echo INT >> signals.log; exit 130' INT; \\
+for i in $(seq 1 12); do sleep 0.5; done; echo done > {output}"
+"""
+
+
+@pytest.mark.parametrize("sig,whole_group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group):
+    """docs/deployments.md "Stopping a run": Ctrl-C reaches the whole foreground group, so the running
+    deployment job gets the signal at once (it stops its server and writes a failure record); a signal to
+    the Snakemake process alone (``kill <pid>``) makes Snakemake wait until the running jobs finish."""
+    (tmp_path / "Snakefile").write_text(SLOW_SNAKEFILE)
+    proc = subprocess.Popen([*[sys.executable, "-m", "snakemake"], "--cores", "1"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            "seq 1 12" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    (os.killpg if whole_group else os.kill)(proc.pid, sig)
+    proc.wait(timeout=60)
+    took = time.monotonic() - t0
+    seen = (tmp_path / "signals.log").read_text().split() if (tmp_path / "signals.log").exists() else []
+    assert proc.returncode != 0
+    if whole_group:
+        assert seen == [sig.name[3:]] and took < 4 and not (tmp_path / "out.txt").exists()
+    else:
+        assert seen == [] and (tmp_path / "out.txt").exists(), "Snakemake did not wait for the running job"
+
+
+@pytest.mark.parametrize("path", ["results/selection/selection.json", "results/screen/prereg-lock.json"])
+def test_corrupt_file_read_while_planning_names_the_file(workdir, path):
+    fake_screening(workdir)
+    sm(workdir, "results/selection/selection.json")
+    f = workdir / path
+    f.write_text(f.read_text()[:20])
+    proc = sm(workdir, "-n", "confirm", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and path in out and "not valid JSON" in out and "re-run the rule" in out, out[-2000:]
+    assert "JSONDecodeError" not in out

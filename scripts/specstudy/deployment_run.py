@@ -348,7 +348,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
                     progress.phase("capacity")
                     _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
                                                               "confounds": deploy.parse_launch_log(log_text)}, out,
-                                  attempt, progress=progress)
+                                  attempt, progress=progress, alive=death.alive)
                     progress.end_phase()
                 for n_cell, e in enumerate(to_measure, 1):
                     if watchdog is not None:
@@ -492,7 +492,7 @@ CAPACITY_FILES = ("gates.json", "steps.jsonl", "soaks.jsonl", "capacity.png", "k
 
 
 def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out: Path, attempt: Path,
-                  progress=None) -> None:
+                  progress=None, alive=None) -> None:
     """The search runs in ``<attempt>/capacity/`` (its raw steps too); only a complete search replaces the
     published result in ``out`` — an interrupted one leaves the previous attempt's files untouched."""
     from . import capacity
@@ -504,6 +504,8 @@ def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out:
     capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, work,
                           server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],
                           api_key=eng.get("api_key"), progress=progress)
+    if alive is not None and not alive():  # the server died during the search: its steps measured a dead server
+        raise RuntimeError(f"{work}: the server died during the capacity search; the published result stays as it was")
     publish_capacity(work, out)
 
 
