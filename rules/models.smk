@@ -9,8 +9,10 @@ rule fixture_models:
     params:
         seed=(config.get("fixture_models") or {}).get("seed", 0),
         quick="--quick" if (config.get("fixture_models") or {}).get("quick") else "",
+        draft_preset=(config.get("fixture_models") or {}).get("draft_preset", "default"),
     threads: 2
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy fixture-models --out $(dirname {output.record}) --seed {params.seed} {params.quick} > {log} 2>&1"
+        "specstudy fixture-models --out $(dirname {output.record}) --seed {params.seed} {params.quick} "
+        "--draft-preset {params.draft_preset} > {log} 2>&1"

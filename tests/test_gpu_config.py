@@ -6,6 +6,7 @@ by the `gpu`-marked tests and by the recorded run in docs/gpu.md.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -74,3 +75,54 @@ def test_gpu_study_dry_run_plans_one_screening_deployment_per_arm(tmp_path):
     counts = {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
     assert counts["deploy_screen"] == 3  # baseline, draft-k3-tp1, ngram-k3
     assert not (tmp_path / "results" / "screen").exists()  # a dry run measures nothing
+
+
+# ------------------------------------------------------------------ the 4-GPU topology (issue #19)
+
+GPU_X4 = ROOT / "config" / "gpu-h200x4.yaml"
+
+
+def test_x4_config_runs_target_tp4_and_attempts_draft_tp1_and_tp4():
+    from specstudy import plan as planmod
+    from specstudy.fixture_models import DRAFT_PRESETS, TARGET
+
+    cfg = load_config(str(GPU_X4))
+    assert cfg["engine"]["target"]["tensor_parallel_size"] == 4
+    assert cfg["fixture_models"]["draft_preset"] == "tp4"
+    # TP 4 must divide the heads of both fixture models
+    for sizes in (TARGET, DRAFT_PRESETS["tp4"]):
+        assert sizes["num_attention_heads"] % 4 == 0 and sizes["num_key_value_heads"] % 4 == 0
+    assert DRAFT_PRESETS["default"]["num_attention_heads"] % 4 != 0  # why the preset exists
+    p = planmod.make_plan(cfg, "screen")
+    arms = {d["arm"] for d in p["deployments"]}
+    # draft TP 1 is attempted, not declared unservable: its refusal must be the engine's own, as data
+    assert {"baseline", "draft-k3-tp1", "draft-k3-tp4", "ngram-k3"} <= arms, arms
+    assert not p["skipped"], p["skipped"]
+
+
+def test_x4_launch_command_carries_tp4_and_the_draft_tp():
+    from specstudy import deploy
+    from specstudy.deployment_run import engine_flat
+
+    cfg = load_config(str(GPU_X4))
+    eng = engine_flat(cfg["engine"])
+    argv = deploy.build_command(eng, {"name": "draft-k3-tp1", "method": "draft_model", "num_speculative_tokens": 3,
+                                      "draft_tensor_parallel_size": 1}, port=8000, served_model_name="m")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["draft_tensor_parallel_size"] == 1 and spec["method"] == "draft_model"
+
+
+def test_x4_dry_run_builds_the_tp4_draft_and_four_screening_deployments(tmp_path):
+    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", "-p", "--cores", "64",
+                           "--configfile", "config/gpu-h200x4.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    counts = {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
+    assert counts["deploy_screen"] == 4
+    assert "--draft-preset tp4" in proc.stdout

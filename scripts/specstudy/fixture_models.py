@@ -34,6 +34,12 @@ CHAT_TEMPLATE = (
 # Sizes: head_dim 64 is supported by vLLM's CPU attention backend.
 TARGET = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4)
 DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)
+# Draft presets: ``default`` (above) and ``tp4``, whose 4 attention/KV heads (head_dim 64, as the target's)
+# let tensor parallelism 4 divide the draft too (config/gpu-h200x4.yaml: draft TP 4).
+DRAFT_PRESETS = {
+    "default": DRAFT,
+    "tp4": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
+}
 DEFAULTS = dict(vocab_size=2048, max_position_embeddings=1024, seq_len=128, batch_size=12,
                 target_steps=200, draft_steps=120, lr=3e-3, threads=2)
 
@@ -174,8 +180,13 @@ def _batches(ids, seq_len: int, batch_size: int, steps: int, generator):
 
 
 def build_fixture_models(out_dir: str | Path, corpus_dir: str | Path | None = None, seed: int = 0,
-                         quick: bool = False, log=print) -> dict:
-    """Build tokenizer, target and draft under ``out_dir/{target,draft}``; return the models record."""
+                         quick: bool = False, log=print, draft_preset: str = "default") -> dict:
+    """Build tokenizer, target and draft under ``out_dir/{target,draft}``; return the models record.
+
+    ``draft_preset``: the draft's shape (:data:`DRAFT_PRESETS`)."""
+    if draft_preset not in DRAFT_PRESETS:
+        raise ValueError(f"fixture_models.draft_preset: {draft_preset!r} is not a preset; use one of {sorted(DRAFT_PRESETS)}")
+    draft_sizes = DRAFT_PRESETS[draft_preset]
     import torch
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
@@ -216,7 +227,7 @@ def build_fixture_models(out_dir: str | Path, corpus_dir: str | Path | None = No
             log(f"target step {step} loss {loss.item():.3f}")
     target.eval()
 
-    draft = LlamaForCausalLM(_config(DRAFT, tokenizer, vocab))
+    draft = LlamaForCausalLM(_config(draft_sizes, tokenizer, vocab))
     opt = torch.optim.AdamW(draft.parameters(), lr=p["lr"], weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, p["draft_steps"])
     draft.train()
@@ -258,7 +269,7 @@ def build_fixture_models(out_dir: str | Path, corpus_dir: str | Path | None = No
         "params": p,
         "target": {"path": str(tok_dir), "sizes": TARGET, "parameters": sum(x.numel() for x in target.parameters()),
                    "weights_sha256": atomic.sha256_file(tok_dir / "model.safetensors")},
-        "draft": {"path": str(draft_dir), "sizes": DRAFT, "parameters": sum(x.numel() for x in draft.parameters()),
+        "draft": {"path": str(draft_dir), "sizes": draft_sizes, "preset": draft_preset, "parameters": sum(x.numel() for x in draft.parameters()),
                   "weights_sha256": atomic.sha256_file(draft_dir / "model.safetensors")},
         "tokenizer_sha256": atomic.sha256_file(tok_dir / "tokenizer.json"),
         "training_text": [{"path": str(f.relative_to(corpus_dir)), "sha256": atomic.sha256_file(f)} for f in files
@@ -282,7 +293,7 @@ def build_fixture_models(out_dir: str | Path, corpus_dir: str | Path | None = No
 
 
 def _cmd_build(args) -> int:
-    build_fixture_models(args.out, args.corpus_dir, seed=args.seed, quick=args.quick)
+    build_fixture_models(args.out, args.corpus_dir, seed=args.seed, quick=args.quick, draft_preset=args.draft_preset)
     return 0
 
 
@@ -292,4 +303,6 @@ def register(sub) -> None:
     p.add_argument("--corpus-dir", default=None, help="bundled text to train on (default: corpora/data)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="few training steps (tests)")
+    p.add_argument("--draft-preset", default="default", choices=sorted(DRAFT_PRESETS),
+                   help="the draft's shape: default (2 heads) or tp4 (4 heads, for draft TP 4)")
     p.set_defaults(func=_cmd_build)
