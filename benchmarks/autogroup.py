@@ -85,6 +85,16 @@ def measure(engine: dict, placement: str, requests: list, rate: float, logdir: P
             "launch_log": str(attempt / "launch.log")}
 
 
+def bench_requests(corpus: str | None, n: int) -> list:
+    """``n`` requests cycling through a built corpus (default: the study's open_chat corpus)."""
+    corpus_dir = corpus or next(iter(sorted(Path("results/corpora/bundled-open_chat").glob("*/prompts.jsonl"))),
+                                Path("missing")).parent
+    prompts = corpusmod.load_prompts(corpus_dir)
+    reqs = [loadgen.RequestSpec(prompt_id=p["prompt_id"], workload="bench", messages=p["messages"],
+                                max_tokens=int(p["max_tokens"])) for p in prompts]
+    return [reqs[i % len(reqs)] for i in range(n)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "config/config.yaml"), help="study config (its engine and cells)")
@@ -99,12 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(engine["target"]["path"], "config.json").exists():
         print(f"{engine['target']['path']}: no model; build the fixture models first (make bench does)", file=sys.stderr)
         return 2
-    corpus_dir = args.corpus or next(iter(sorted(Path("results/corpora/bundled-open_chat").glob("*/prompts.jsonl"))),
-                                     Path("missing")).parent
-    prompts = corpusmod.load_prompts(corpus_dir)
-    reqs = [loadgen.RequestSpec(prompt_id=p["prompt_id"], workload="bench", messages=p["messages"],
-                                max_tokens=int(p["max_tokens"])) for p in prompts]
-    reqs = [reqs[i % len(reqs)] for i in range(args.requests)]
+    reqs = bench_requests(args.corpus, args.requests)
     cores = sorted(os.sched_getaffinity(0))
     client = set(cfg["cells"].get("client_cpus") or []) & set(cores)
     if client:

@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from autogroup import bench_requests  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 from specstudy import config as configmod  # noqa: E402
-from specstudy import corpus as corpusmod  # noqa: E402
 from specstudy import deploy, loadgen  # noqa: E402
 from specstudy.deployment_run import engine_flat  # noqa: E402
 
@@ -104,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(engine["target"]["path"], "config.json").exists():
         print(f"{engine['target']['path']}: no model; build the study's fixture models first", file=sys.stderr)
         return 2
-    corpus_dir = args.corpus or next(iter(sorted(Path("results/corpora/bundled-open_chat").glob("*/prompts.jsonl"))),
-                                     Path("missing")).parent
-    prompts = corpusmod.load_prompts(corpus_dir)
-    reqs = [loadgen.RequestSpec(prompt_id=p["prompt_id"], workload="bench", messages=p["messages"],
-                                max_tokens=int(p["max_tokens"])) for p in prompts]
-    reqs = [reqs[i % len(reqs)] for i in range(args.requests)]
+    reqs = bench_requests(args.corpus, args.requests)
     logdir = Path(args.logdir or tempfile.mkdtemp(prefix="startup-cache-"))
     cache = Path(tempfile.mkdtemp(prefix="startup-cache-dir-"))
     shutil.rmtree(cache)
