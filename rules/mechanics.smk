@@ -61,8 +61,10 @@ rule mechanics_run:
         out="results/mechanics/{label}/rep1",
     wildcard_constraints:
         label="baseline|self-draft-k[0-9]+|small-draft-k[0-9]+|ngram-k[0-9]+",
-    # One GPU: every arm takes all cores, so Snakemake runs the arms one after another.
-    threads: workflow.cores
+    # One GPU: arms run one after another through the deployments resource (--resources deployments=1,
+    # as for the study's deployments); a fixed thread count keeps the workflow parseable without --cores
+    # (the Slurm profiles give none).
+    threads: 2
     resources:
         deployments=1,
     conda:
