@@ -334,7 +334,9 @@ def test_decode_mechanics_dag_is_apart_from_the_study(tmp_path):
     assert c["random_model"] == 2 and c["mechanics_corpus"] == 1 and c["mechanics_run"] == 4
     assert c["mechanics_summary"] == 1
     assert '"mechanics_label":"small-draft-k3"' in proc.stdout and "--preset llama-8b" in proc.stdout
-    assert "threads: 4" in proc.stdout   # every arm takes all cores: arms never share the GPU
+    # arms never share the GPU: each holds the deployments resource the GPU runs cap at 1
+    runs = [b for b in proc.stdout.split("\n\n") if "rule mechanics_run:" in b]
+    assert len(runs) == 4 and all("deployments=1" in b for b in runs), runs
     proc = sm("-n", "all")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not {"random_model", "mechanics_run", "mechanics_summary"} & set(counts(proc.stdout))
