@@ -95,9 +95,11 @@ case "${1:-}" in
     fi
     say "prebuild: fixture models (results/models/fixture) in the background"
     setsid nohup env PYTHONPATH="$early${early:+:}${PYTHONPATH:-}" bash -c 't0=$(date +%s); python3 -c "import sys; sys.path.insert(0, \"$0/scripts\"); \
-from specstudy.fixture_models import build_fixture_models; build_fixture_models(\"results/models/fixture\", seed=0)" \
+import yaml; fm = yaml.safe_load(open(\"$2\"))[\"fixture_models\"]; \
+from specstudy.fixture_models import build_fixture_models; \
+build_fixture_models(\"results/models/fixture\", seed=fm.get(\"seed\", 0), draft_preset=fm.get(\"draft_preset\", \"default\"))" \
       > results/logs/models/fixture.log 2>&1; echo $? > "$1/prebuild.rc"; echo "prebuild: rc $(cat "$1/prebuild.rc") after $(( $(date +%s) - t0 )) s" >> "$1/lease.log"' \
-      "$REPO" "$LEASE" < /dev/null > /dev/null 2>&1 &
+      "$REPO" "$LEASE" "$CONFIG" < /dev/null > /dev/null 2>&1 &
     sleep 2; tail -n 2 results/logs/models/fixture.log ;;
   start)
     budget=${2:?usage: lease.sh start BUDGET_S}
