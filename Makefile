@@ -52,7 +52,7 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/loadgen.py
-	$(BIN)/snakemake --profile $(PROFILE) results/models/fixture/models.json results/corpora/bundled-open_chat/2/corpus.json
+	$(BIN)/snakemake --profile $(PROFILE) results/models/fixture/models.json results/corpora/bundled-open_chat/1/corpus.json
 	$(BIN)/python benchmarks/autogroup.py
 
 bench-decision: install

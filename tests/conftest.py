@@ -20,7 +20,6 @@ CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))
 def _source_key() -> str:
     h = hashlib.sha256()
     h.update((ROOT / "scripts" / "specstudy" / "fixture_models.py").read_bytes())
-    h.update((ROOT / "scripts" / "specstudy" / "corpus.py").read_bytes())  # split_part decides the training text
     for p in sorted((ROOT / "corpora" / "data").rglob("*")):
         if p.is_file():
             h.update(p.name.encode())

@@ -490,17 +490,6 @@ def compute_digest(basis: dict, prompts: list[dict]) -> str:
     return sha256_bytes(canonical_json(material).encode("utf-8"))
 
 
-SPLIT_PARTS = ("prompts", "training")
-
-
-def split_part(source_id: str, all_ids) -> str:
-    """The part of a bundled source an item belongs to: items alternate in sorted source-id order,
-    ``prompts`` (even positions: the embedded workloads draw from these) and ``training`` (odd
-    positions: the fixture models train on these only), so no prompt is text the models trained on."""
-    order = sorted({str(i) for i in all_ids})
-    return SPLIT_PARTS[order.index(str(source_id)) % 2]
-
-
 def build(spec_path: str | os.PathLike, out_root: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
           *, counter: TokenCounter | None = None) -> Path:
     """Build the corpus described by ``spec_path`` under ``out_root``; return the corpus directory."""
@@ -530,11 +519,6 @@ def build(spec_path: str | os.PathLike, out_root: str | os.PathLike, tokenizer: 
     if not items:
         raise CorpusError(f"{src_path}: no usable rows for format {fmt} (empty stratum '{stratum}'); check "
                           f"source.path and format in {spec_path}")
-    part = options.get("split")
-    if part:  # a bundled source shared with the fixture models' training: keep only this spec's part
-        all_ids = [it["source_id"] for it in items]
-        items = [it for it in items if split_part(it["source_id"], all_ids) == part]
-        _log(f"{spec_path}: options.split {part}: {len(items)} of {len(all_ids)} rows")
 
     if counter is None and tokenizer is not None:
         counter = TokenCounter(tokenizer)
