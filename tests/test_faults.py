@@ -471,7 +471,7 @@ SLOW_SNAKEFILE = """
 rule slow:
     output: "out.txt"
     shell: "trap 'echo TERM >> signals.log; exit 143' TERM; trap 'echo INT >> signals.log; exit 130' INT; \\
-for i in $(seq 1 12); do sleep 0.5; done; echo done > {output}"
+for i in $(seq 1 24); do sleep 0.5; done; echo done > {output}"
 """
 
 
@@ -485,7 +485,7 @@ def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(
-            "seq 1 12" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)):
+            "seq 1 24" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)):
         time.sleep(0.1)
     time.sleep(0.5)
     t0 = time.monotonic()
