@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from specstudy.atomic import sha256_file  # noqa: E402  (stdlib only: usable before anything is installed)
+
 MANIFEST = "manifest.json"
 DEFAULT_HOLD = Path("/tmp/specstudy-parts")
 DEFAULT_SITE = Path("/tmp/specstudy-site")
@@ -50,14 +53,6 @@ ENV_EXTRA = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_
 
 class InstallError(Exception):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_manifest(folder: Path) -> dict:

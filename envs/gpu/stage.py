@@ -34,11 +34,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "scripts"))
+from install_offline import MANIFEST, InstallError, verify_part  # noqa: E402  (one manifest check for stage and install)
+
+from specstudy.atomic import sha256_file  # noqa: E402
 
 PART_LIMIT = 60_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
 MANIFEST_RESERVE = 64_000  # room kept in each part for manifest.json
 STAGE_DIRNAME = ".stage"
-MANIFEST = "manifest.json"
 FORMAT = 1
 
 # Target image: the lent H200's 'cuda' image. vLLM 0.23.0's CUDA wheel pins torch==2.11.0 and links
@@ -85,14 +89,6 @@ class Pin:
 
 def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)\s+--hash=sha256:([0-9a-f]{64})\s*$")
@@ -356,19 +352,14 @@ def build_manifest(pieces: list[Piece], slim: dict | None, wheels: list[dict], e
 
 def verify_part_dir(folder: Path, manifest: dict, name: str) -> list[str]:
     """Problems with one part folder against the manifest (empty list: it verifies)."""
-    entry = next((p for p in manifest["parts"] if p["name"] == name), None)
-    if entry is None:
-        return [f"{folder}: the manifest has no part {name}"]
-    problems = []
+    try:
+        problems = verify_part(folder, manifest, name)  # the files, as install_offline checks them on the node
+    except InstallError as e:
+        return [str(e)]
+    entry = next(p for p in manifest["parts"] if p["name"] == name)
     on_disk = json.loads((folder / MANIFEST).read_text()) if (folder / MANIFEST).is_file() else None
     if on_disk != manifest:
         problems.append(f"{folder / MANIFEST}: missing or different")
-    for f in entry["files"]:
-        path = folder / f["file"]
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-        elif path.stat().st_size != f["size"] or sha256_file(path) != f["sha256"]:
-            problems.append(f"{path}: size or sha256 differs from the manifest")
     extra = {p.name for p in folder.iterdir()} - {f["file"] for f in entry["files"]} - {MANIFEST}
     if extra:
         problems.append(f"{folder}: files not in the manifest: {sorted(extra)}")
