@@ -207,7 +207,7 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
     fake_screening(workdir)
     sm(workdir, "results/selection/selection.json")
     from specstudy.config import load_config
-    from test_workflow_dag import CLEAR, _fake_confirm_rounds
+    from test_workflow_dag import CLEAR, _fake_confirm_rounds, json_writer
 
     cfg = load_config(workdir / "config" / "config.yaml")
     sel = json.loads((workdir / "results/selection/selection.json").read_text())
@@ -215,15 +215,7 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
     sm(workdir, "results/plan/confirm.json")
     _fake_confirm_rounds(workdir, CLEAR, {1, 2, 3})
     sm(workdir, "results/confirm/rounds/round3.json")
-    t = time.time()
-
-    def write(path: str, obj) -> None:
-        nonlocal t
-        f = workdir / path
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(obj))
-        t += 0.01
-        os.utime(f, (t, t))
+    write = json_writer(workdir, time.time(), 0.01)
 
     for arm in sel["confirmation_arms"]:
         if arm != "baseline":

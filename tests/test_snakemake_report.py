@@ -34,21 +34,13 @@ def test_plot_captions_of_snakemake_report_match_the_html_report():
 def _fake_confirmation(wd: Path) -> None:
     """Confirmation as the workflow would leave it: the real plan and round checkpoint over faked cells
     (a clear result, so the initial rounds end it), then gates and tables newer than every cell."""
-    from test_workflow_dag import CLEAR, _fake_confirm_rounds
+    from test_workflow_dag import CLEAR, _fake_confirm_rounds, json_writer
 
     sm(wd, "results/plan/confirm.json")
     _fake_confirm_rounds(wd, CLEAR, {1, 2, 3})
     sm(wd, "results/confirm/rounds/round3.json")
     arms = json.loads((wd / "results/selection/selection.json").read_text())["confirmation_arms"]
-    t = time.time()  # after every faked cell, before the report built below
-
-    def write(path: str, obj) -> None:
-        nonlocal t
-        f = wd / path
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(obj))
-        t += 0.01
-        os.utime(f, (t, t))
+    write = json_writer(wd, time.time(), 0.01)  # after every faked cell, before the report built below
 
     for arm in arms:
         if arm != "baseline":

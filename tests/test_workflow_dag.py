@@ -62,6 +62,21 @@ def _corpus_dirs(workdir: Path) -> dict[str, str]:
     return out
 
 
+def json_writer(root: Path, start: float, step: float):
+    """``write(path, obj)``: JSON under ``root``, each file's mtime ``step`` after the previous one from
+    ``start``, so that faked outputs look made in the order written (Snakemake compares mtimes)."""
+    t = [start]
+
+    def write(path: str, obj) -> None:
+        f = root / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(obj))
+        t[0] += step
+        os.utime(f, (t[0], t[0]))
+
+    return write
+
+
 def fake_screening(workdir: Path) -> None:
     """Write every screening output with increasing mtimes, as if screening had run."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -74,14 +89,7 @@ def fake_screening(workdir: Path) -> None:
     for f in workdir.rglob("*"):
         if f.is_file() and not f.is_symlink():
             os.utime(f, (old, old))
-    t = [time.time() - 3000]
-
-    def write(path: str, obj) -> None:
-        p = workdir / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(obj))
-        t[0] += 1
-        os.utime(p, (t[0], t[0]))
+    write = json_writer(workdir, time.time() - 3000, 1)
 
     write("results/models/fixture/models.json", {})
     for w, d in _corpus_dirs(workdir).items():
@@ -193,14 +201,7 @@ def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds
     os.chdir(workdir)
     cfg = load_config("config/config.yaml")
     p = json.loads((workdir / "results/plan/confirm.json").read_text())
-    t = [time.time()]
-
-    def write(path: str, obj) -> None:
-        f = workdir / path
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(obj))
-        t[0] += 0.01
-        os.utime(f, (t[0], t[0]))
+    write = json_writer(workdir, time.time(), 0.01)
 
     for d in p["deployments"]:
         # interleaved drift baselines belong to the initial rounds' blocks: written with round 1
