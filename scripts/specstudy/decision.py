@@ -200,13 +200,13 @@ def _undecided(item: str, j: dict, why: str) -> dict:
 
 
 def _scope(cells: dict[str, dict], mixture: dict[str, dict], gain_levels: dict[str, dict],
-           ni_levels: dict[str, dict], gate: str, rule: dict) -> dict:
+           ni_levels: dict[str, dict], gate: str, rule: dict, gate_blocker: str | None = None) -> dict:
     """Enable/blockers/undecided for one scope (all traffic, or one routed workload)."""
     d = rule["max_regression"]
     g = rule["min_gain"]
     blockers, undecided = [], []
     if gate != "pass":
-        blockers.append(f"gate verdict {gate}")
+        blockers.append(gate_blocker or f"gate verdict {gate}")
     regress = [k for k, j in {**cells, **mixture}.items()
                if j["verdict"] == "regression"]
     if regress:
@@ -236,8 +236,12 @@ def _scope(cells: dict[str, dict], mixture: dict[str, dict], gain_levels: dict[s
 
 
 def decide(comps: list[dict], gate_by_arm: dict[str, dict], rule: dict, workloads: list[str], concs: list,
-           weights: dict[str, float], route_by_workload: bool = False) -> dict:
-    """The decision from per-round paired comparisons of one phase (see the module docstring)."""
+           weights: dict[str, float], route_by_workload: bool = False, gate_phase: str | None = None,
+           other_gates: dict[str, str] | None = None) -> dict:
+    """The decision from per-round paired comparisons of one phase (see the module docstring).
+
+    ``gate_by_arm`` holds the gates of ``gate_phase`` only; ``other_gates`` (arm -> phase) names gates of
+    another phase, which never stand in for a missing one: the blocker says so."""
     from .stats import _mixture
 
     out: dict[str, Any] = {"candidates": [], "decision": "do_not_enable", "enable": None, "per_workload": {},
@@ -253,6 +257,11 @@ def decide(comps: list[dict], gate_by_arm: dict[str, dict], rule: dict, workload
                 cells[_label(w, cc)] = judge(vals, rule, "non_inferiority")
         gate = gate_by_arm.get(arm)
         gv = (gate or {}).get("verdict") or "missing"
+        gate_blocker = None
+        if gate is None and gate_phase:
+            other = (other_gates or {}).get(arm)
+            gate_blocker = f"no {gate_phase} gate verdict" + (
+                f" (the {other} gate does not stand in for it)" if other else "")
         cand: dict[str, Any] = {"arm": arm, "gate_verdict": gv, "cells": cells,
                                 "status": {k: j["verdict"] for k, j in cells.items()}}
         if route_by_workload:
@@ -260,7 +269,7 @@ def decide(comps: list[dict], gate_by_arm: dict[str, dict], rule: dict, workload
             for w in workloads:
                 mine_w = {k: j for k, j in cells.items() if k.startswith(f"{w}@")}
                 gain_levels = {k: judge(j["values"], rule, "gain") for k, j in mine_w.items()}
-                sc = _scope(mine_w, {}, gain_levels, mine_w, gv, rule)
+                sc = _scope(mine_w, {}, gain_levels, mine_w, gv, rule, gate_blocker)
                 sc["statuses"] = [j["verdict"] for j in mine_w.values()]
                 cand["workloads"][w] = sc
             cand["enable"] = any(v["enable"] for v in cand["workloads"].values())
@@ -274,7 +283,7 @@ def decide(comps: list[dict], gate_by_arm: dict[str, dict], rule: dict, workload
                 mix[f"mix@c{cc}"] = judge(vals, rule, "gain")
             cand["mixture"] = mix
             ni = cells if rule.get("non_inferiority_on", "cells") == "cells" else mix
-            sc = _scope(cells, mix, mix, ni, gv, rule)
+            sc = _scope(cells, mix, mix, ni, gv, rule, gate_blocker)
             cand.update(enable=sc["enable"], blockers=sc["blockers"], undecided=sc["undecided"],
                         excluded=sc["excluded"], score=sc["score"])
         out["candidates"].append(cand)

@@ -681,13 +681,9 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     weights = r["traffic_mix"] or {w: 1.0 for w in workloads}
     total = sum(weights.values()) or 1.0
     weights = {w: v / total for w, v in weights.items() if v}
-    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]))
+    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]),
+                          gate_phase=gate_phase, other_gates=other)
     out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
-    for cand in out["candidates"]:
-        if cand["arm"] not in gate_by_arm:
-            note = f"no {gate_phase} gate verdict" + (f" (the {other[cand['arm']]} gate does not stand in for it)"
-                                                     if cand["arm"] in other else "")
-            cand["blockers"] = [note] + [b for b in cand.get("blockers", []) if b != "gate verdict missing"]
     out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
                                           bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out
