@@ -59,6 +59,7 @@ GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
 CAPACITY = config.get("capacity") or {}
 FIXTURES = (config.get("fixture_models") or {}).get("build", False)
 FIXTURE_RECORD = "results/models/fixture/models.json"
+FIXTURE_HELDOUT = "results/models/fixture/heldout.json"
 
 wildcard_constraints:
     phase="screen|confirm",
@@ -116,6 +117,10 @@ def corpus_json(workload):
 
 def all_corpus_json():
     return [corpus_json(w) for w in CORPUS_DIRS]
+
+
+def workload_corpus_json():
+    return [corpus_json(w) for w in WORKLOADS]
 
 
 def tokenizer_dir():
@@ -432,6 +437,7 @@ def report_inputs(wildcards):
         "rounds": confirm_round_files(),
         "tables": "results/tables/cells.parquet",
         "capacity": capacity_targets(wildcards),
+        "heldout": [FIXTURE_HELDOUT] if FIXTURES else [],
     }
 
 

@@ -16,3 +16,28 @@ rule fixture_models:
     shell:
         "specstudy fixture-models --out $(dirname {output.record}) --seed {params.seed} {params.quick} "
         "--draft-preset {params.draft_preset} > {log} 2>&1"
+
+
+# The fixture draft's acceptance on held-out text (corpora/heldout/, never trained on) beside the same
+# measurement on the workloads' own prompts, which come from the training text (issue #16 item 11).
+rule fixture_heldout:
+    input:
+        models=FIXTURE_RECORD,
+        heldout="corpora/heldout/prompts.jsonl",
+        workloads=workload_corpus_json(),
+        module="scripts/specstudy/heldout.py",
+    output:
+        FIXTURE_HELDOUT,
+    log:
+        "results/logs/models/fixture-heldout.log",
+    benchmark:
+        "results/benchmarks/models/fixture-heldout.tsv"
+    params:
+        prompts=lambda wildcards, input: [str(Path(p).parent / "prompts.jsonl") for p in input.workloads],
+        k=",".join(str(k) for k in config["arms"]["num_speculative_tokens"]),
+    threads: 2
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy fixture-heldout --models {input.models} --heldout {input.heldout} "
+        "--workload-prompts {params.prompts} --k {params.k} --out {output} > {log} 2>&1"

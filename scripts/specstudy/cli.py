@@ -13,6 +13,7 @@ import sys
 
 COMMAND_MODULES = [
     "fixture_models",
+    "heldout",
     "corpus",
     "plan",
     "loadgen",

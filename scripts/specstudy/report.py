@@ -419,6 +419,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     _selection_section(B, sel)
     _corpus_section(B, results)
+    heldout = _heldout_section(B, results, cells)
     _validity_section(B, cells, deps, comps)
     _gpu_section(B, cells, deps)
     _network_section(B, cells, dr)
@@ -446,7 +447,8 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     atomic.write_text(out / "report.html", render_html(B, "specstudy report"))
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
-               "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows}
+               "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
+               "fixture_heldout": heldout}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
@@ -820,6 +822,56 @@ def _corpus_section(B, results: Path):
             B.append(("table", ["statistic", "value"], [[k, _f(v, "{:.1f}")] for k, v in flat.items()]))
         else:
             B.append(("p", "Missing: token_stats.json."))
+
+
+def measured_acceptance(cells: list[dict], k: int, workload: str | None = None) -> dict:
+    """vLLM's acceptance rate of the valid draft-model cells of depth ``k`` (ratio of the summed counters)."""
+    rows = [c for c in cells if c.get("method") == "draft_model" and c.get("num_speculative_tokens") == k
+            and c.get("valid") and c.get("draft_tokens") and (workload is None or c.get("workload") == workload)]
+    dt = sum(c["draft_tokens"] for c in rows)
+    acc = sum(c.get("accepted_tokens") or 0 for c in rows)
+    return {"cells": len(rows), "acceptance_rate": acc / dt if dt else None}
+
+
+def _heldout_section(B, results: Path, cells: list[dict]) -> dict | None:
+    """Acceptance of the fixture draft on held-out text vs the workloads' training text (#16 item 11)."""
+    rec = _load(results / "models" / "fixture" / "heldout.json")
+    B.append(("h", 2, "Fixture acceptance on held-out text"))
+    if rec is None:
+        B.append(("p", "Not measured: no results/models/fixture/heldout.json (the study does not build the fixture "
+                       "models, or rule fixture_heldout has not run)."))
+        return None
+    sets = rec["sets"]
+    B.append(("p", "The embedded workloads come from the text the fixture models trained on (corpora/data/), so the "
+                   "acceptance measured above is acceptance on training text. The same procedure was run on "
+                   f"{sets['heldout']['prompts']} held-out prompts (corpora/heldout/, never trained on) and on the "
+                   f"{sets['workloads']['prompts']} workload prompts: the target's greedy path of "
+                   f"{rec['max_new_tokens']} tokens (end-of-sequence suppressed) and the draft's greedy proposals "
+                   "along it, in vLLM's draft-model rounds. 'vLLM measured' is the study's own counter ratio on "
+                   "the valid draft-model cells of that depth, for comparison with the offline figure on the same "
+                   "prompts. Drop = training − held-out acceptance rate, 95% bootstrap interval over prompts."))
+    rows = []
+    for k in rec["k"]:
+        tr, he = sets["workloads"]["by_k"][str(k)], sets["heldout"]["by_k"][str(k)]
+        d = rec["drop"].get(str(k)) or {}
+        ci = d.get("ci") or [None, None]
+        rows.append(["all", k, _f(measured_acceptance(cells, k)["acceptance_rate"]), _f(tr["acceptance_rate"]),
+                     _f(he["acceptance_rate"]), f"{_f(d.get('drop'))} [{_f(ci[0])}, {_f(ci[1])}]",
+                     _f(tr["mean_acceptance_length"], "{:.2f}"), _f(he["mean_acceptance_length"], "{:.2f}")])
+        for st, dd in sorted((d.get("strata") or {}).items()):
+            trs, hes = tr["strata"].get(st) or {}, he["strata"].get(st) or {}
+            ci = dd.get("ci") or [None, None]
+            rows.append([st, k, _f(measured_acceptance(cells, k, st)["acceptance_rate"]), _f(trs.get("acceptance_rate")),
+                         _f(hes.get("acceptance_rate")), f"{_f(dd.get('drop'))} [{_f(ci[0])}, {_f(ci[1])}]",
+                         _f(trs.get("mean_acceptance_length"), "{:.2f}"), _f(hes.get("mean_acceptance_length"), "{:.2f}")])
+    B.append(("table", ["stratum", "k", "vLLM measured (workloads)", "offline, workloads (training text)",
+                        "offline, held-out", "drop [95% CI]", "mean acc. length, workloads", "mean acc. length, held-out"],
+              rows))
+    if sets["heldout"].get("skipped") or sets["workloads"].get("skipped"):
+        B.append(("p", "Skipped (prompt fills max_model_len): "
+                       + ", ".join(sets["workloads"]["skipped"] + sets["heldout"]["skipped"])))
+    return {"k": rec["k"], "drop": {k: v.get("drop") for k, v in rec["drop"].items()},
+            "ci": {k: v.get("ci") for k, v in rec["drop"].items()}}
 
 
 def _validity_section(B, cells, deps, comps):
