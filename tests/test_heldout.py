@@ -82,8 +82,16 @@ def test_one_pass_shortcut_equals_an_explicit_speculative_loop(fixture_models):
     for p in prompts:
         ids = list(tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True,
                                            return_dict=True)["input_ids"])
-        matches, path = heldout._greedy_matches(target, draft, ids, n)
+        matches, path, natural = heldout._greedy_matches(target, draft, ids, n)
         shortcut = heldout.rounds(matches, k)
+        # the natural length: the plain greedy answer (end-of-sequence allowed) is the path's first tokens
+        ctx = torch.tensor([ids])
+        with torch.no_grad():
+            plain = target.generate(ctx, attention_mask=torch.ones_like(ctx), max_new_tokens=n, do_sample=False,
+                                    pad_token_id=target.config.pad_token_id)[0, len(ids):].tolist()
+        eos = target.config.eos_token_id
+        assert plain[:natural] == path[:natural]
+        assert (natural == n and eos not in plain) or plain[natural] == eos
         # explicit: from each round's context, the draft proposes kk tokens greedily; accept the prefix
         # equal to the target's path
         t, drafts, accepted = 1, 0, 0
@@ -140,12 +148,13 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     measured = report.measured_acceptance(cells, 3)
     assert measured["cells"] > 0 and 0 < measured["acceptance_rate"] <= 1
 
-    def prompt(i, stratum, m):
-        return {"id": f"p{i}", "stratum": stratum, "tokens": len(m), "by_k": {"3": heldout.rounds(m, 3)}}
+    def prompt(i, stratum, m, natural):
+        return {"id": f"p{i}", "stratum": stratum, "tokens": len(m), "natural_tokens": natural,
+                "by_k": {"3": heldout.rounds(m, 3)}, "by_k_natural": {"3": heldout.rounds(m[:natural], 3)}}
 
     hit, miss = [True] * 12, [True, False] * 6
-    per_prompt = {"workloads": [prompt(i, "code", hit) for i in range(4)],
-                  "heldout": [prompt(i, "code", miss) for i in range(4)]}
+    per_prompt = {"workloads": [prompt(i, "code", hit, 12) for i in range(4)],
+                  "heldout": [prompt(i, "code", miss, 1) for i in range(4)]}
     rec = {"schema": heldout.SCHEMA, "k": [3], "max_new_tokens": 12, **heldout.analyse(per_prompt, [3])}
     (res / "models" / "fixture").mkdir(parents=True)
     (res / "models" / "fixture" / "heldout.json").write_text(json.dumps(rec))
@@ -155,7 +164,9 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     tr = rec["sets"]["workloads"]["by_k"]["3"]["acceptance_rate"]
     he = rec["sets"]["heldout"]["by_k"]["3"]["acceptance_rate"]
     assert tr == 1.0 and he < 0.5
-    assert f"| all | 3 | {measured['acceptance_rate']:.3f} | 1.000 | {he:.3f} | {1 - he:.3f} [" in md
+    assert f"| all | 3 | {measured['acceptance_rate']:.3f} | 1.000 | 1.000 | {he:.3f} | {1 - he:.3f} [" in md
+    assert "mean 12.0 tokens on the workload prompts (0 of 4 shorter than 2 tokens), 1.0 on the held-out " \
+           "prompts (4 of 4 shorter than 2 tokens)" in md
     assert out["fixture_heldout"]["drop"]["3"] == pytest.approx(1 - he)
     # without the record the section says why it is absent
     (res / "models" / "fixture" / "heldout.json").unlink()

@@ -15,7 +15,10 @@ Procedure, per prompt (both models in float32 on CPU, fixed threads: determinist
    proposal of k tokens starting after position t matches the target's next tokens exactly as long as
    the draft's argmax along the target's own path matches it (each matched token leaves the draft on the
    target's path), so this single pass decides every proposal.
-3. Speculative rounds as vLLM's draft-model method runs them: the first token comes from prefill; each
+3. The natural length: the first step at which the target's own argmax is end-of-sequence. Up to it
+   the path is the answer vLLM would serve; acceptance over that prefix ("natural EOS") is the figure
+   comparable with vLLM's own counters.
+4. Speculative rounds as vLLM's draft-model method runs them: the first token comes from prefill; each
    round proposes ``k`` tokens (fewer at the end), accepts the longest matching prefix and adds the
    target's own next token.
 
@@ -117,17 +120,24 @@ def drop_interval(train: list[dict], held: list[dict], resamples: int = 2000, se
     return {"drop": float(point), "ci": [float(lo), float(hi)], "resamples": int(d.size), "confidence": confidence}
 
 
-def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[bool], list[int]]:
+def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[bool], list[int], int]:
+    """Draft matches along the target's greedy path of ``n`` tokens (end-of-sequence suppressed), the
+    path, and its natural length: the first step at which the target's own argmax is end-of-sequence
+    (before that step the suppressed and the natural greedy paths are the same tokens)."""
     import torch
 
     inp = torch.tensor([prompt_ids], dtype=torch.long)
     with torch.no_grad():
-        out = target.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=target.config.pad_token_id)
+        gen = target.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=target.config.pad_token_id,
+                              output_logits=True, return_dict_in_generate=True)
+        out = gen.sequences
         cont = out[0, len(prompt_ids):]
         logits = draft(input_ids=out[:, :-1]).logits[0]
+    eos = target.config.eos_token_id
+    natural = next((i for i, step in enumerate(gen.logits) if int(step[0].argmax()) == eos), n)
     pred = logits[len(prompt_ids) - 1:].argmax(-1)
-    return (pred == cont).tolist(), cont.tolist()
+    return (pred == cont).tolist(), cont.tolist(), natural
 
 
 def measure(models_dir: str | Path, sets: dict[str, list[dict]], ks: list[int], max_new_tokens: int = 64,
@@ -152,10 +162,12 @@ def measure(models_dir: str | Path, sets: dict[str, list[dict]], ks: list[int], 
                 log(f"{name}/{p['id']}: {len(ids)} prompt tokens leave no room to generate; skipped (listed)")
                 rows.append({"id": p["id"], "stratum": p["stratum"], "skipped": "prompt fills max_model_len"})
                 continue
-            matches, _ = _greedy_matches(target, draft, ids, n)
+            matches, _, natural = _greedy_matches(target, draft, ids, n)
             rows.append({"id": p["id"], "stratum": p["stratum"], "prompt_tokens": len(ids), "tokens": n,
-                         "first_token_match_rate": sum(matches) / len(matches),
-                         "by_k": {str(k): rounds(matches, k) for k in ks}})
+                         "natural_tokens": natural, "first_token_match_rate": sum(matches) / len(matches),
+                         "by_k": {str(k): rounds(matches, k) for k in ks},
+                         # the target's own answer (up to its end-of-sequence), as vLLM serves it
+                         "by_k_natural": {str(k): rounds(matches[:natural], k) for k in ks}})
         per_prompt[name] = rows
         log(f"{name}: {len(rows)} prompts measured")
     return per_prompt
@@ -168,9 +180,17 @@ def analyse(per_prompt: dict[str, list[dict]], ks: list[int], training: str = "w
     for name, rows in per_prompt.items():
         ok = [r for r in rows if "by_k" in r]
         strata = sorted({r["stratum"] or "-" for r in ok})
+        nat = [r.get("natural_tokens") for r in ok if r.get("natural_tokens") is not None]
         out["sets"][name] = {
             "prompts": len(ok), "skipped": [r["id"] for r in rows if "by_k" not in r],
             "tokens": sum(r["tokens"] for r in ok),
+            "natural": {"prompts": len(nat), "mean_tokens": sum(nat) / len(nat) if nat else None,
+                        "answered_fewer_than_2": sum(1 for t in nat if t < 2),
+                        "by_k": {str(k): dict(summarize([r["by_k_natural"][str(k)] for r in ok if "by_k_natural" in r]),
+                                              strata={s: summarize([r["by_k_natural"][str(k)] for r in ok
+                                                                    if "by_k_natural" in r and (r["stratum"] or "-") == s])
+                                                      for s in strata})
+                                 for k in ks}},
             "by_k": {str(k): dict(summarize([r["by_k"][str(k)] for r in ok]),
                                   strata={s: summarize([r["by_k"][str(k)] for r in ok if (r["stratum"] or "-") == s])
                                           for s in strata}) for k in ks}}
