@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specstudy import tables
+from specstudy.arms import parse_arm
 
 WORKLOADS = ("code", "chat", "summarization")
 CONCS = (1, 8)
@@ -27,7 +28,7 @@ KV = {"baseline": 400000, "draft-k3-tp4": 300000, "draft-k5-tp4": 295000, "ngram
 
 
 def _spec(arm: str) -> dict:
-    return tables.parse_arm_name(arm) | ({"prompt_lookup_min": 2, "prompt_lookup_max": 4} if "ngram" in arm else {})
+    return parse_arm(arm) | ({"prompt_lookup_min": 2, "prompt_lookup_max": 4} if "ngram" in arm else {})
 
 
 def _write(path: Path, obj) -> None:

@@ -23,8 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .arms import ARM_RE, is_arm_name, parse_arm
+
 PHASES = ("screen", "confirm")
-ARM_RE = re.compile(r"^(baseline|draft-k\d+-tp\d+|ngram-k\d+)$")
 REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
 CONC_RE = re.compile(r"^c(\d+)$")
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -274,20 +275,9 @@ def to_unix(v: Any) -> float | None:
     return None
 
 
-def parse_arm_name(name: str) -> dict:
-    """Arm spec fields implied by the arm name (used when a record lacks the spec)."""
-    m = re.match(r"^draft-k(\d+)-tp(\d+)$", name or "")
-    if m:
-        return {"name": name, "method": "draft_model", "num_speculative_tokens": int(m[1]),
-                "draft_tensor_parallel_size": int(m[2])}
-    m = re.match(r"^ngram-k(\d+)$", name or "")
-    if m:
-        return {"name": name, "method": "ngram", "num_speculative_tokens": int(m[1])}
-    return {"name": name, "method": "baseline" if name == "baseline" else None}
-
-
 def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
-    spec = dict(parse_arm_name(arm_name), **{k: v for k, v in (spec or {}).items() if v is not None})
+    implied = parse_arm(arm_name) if is_arm_name(arm_name) else {}
+    spec = dict(implied, **{k: v for k, v in (spec or {}).items() if v is not None})
     return {
         "phase": phase,
         "arm": arm_name,
