@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic
+from specstudy.stat_util import percentile
 
 SCHEMA_GATES = "specstudy.capacity-gates/1"
 SCHEMA_STEP = "specstudy.capacity-step/1"
@@ -561,19 +562,6 @@ def search(
 
 # --------------------------------------------------------------------------------------------
 # measuring one step against a real (or fake) server
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100; None if empty."""
-    xs = sorted(float(x) for x in values if x is not None)
-    if not xs:
-        return None
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100.0
-    i = int(math.floor(pos))
-    j = min(i + 1, len(xs) - 1)
-    return xs[i] + (xs[j] - xs[i]) * (pos - i)
 
 
 def ols_slope(ts: list[float], ys: list[float]) -> tuple[float | None, float | None]:
