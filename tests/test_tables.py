@@ -92,7 +92,7 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                             "speculative": spec_block,
                             "loadgen": {"limited": not valid},
                             "telemetry": {"gpu_memory_used_mib": {"mean": 1000.0, "max": 1100.0}},
-                            "confounds": {"async_scheduling": arm == "baseline", "kv_cache_tokens": KV[arm]},
+                            "confounds": {"async_scheduling": arm == "baseline"},
                             "times": {"started_at": t, "ended_at": t + 30},
                         }
                         t += 60
@@ -122,9 +122,9 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                     "schema": "specstudy.deployment/1", "deployment_id": dep_id, "phase": phase, "arm": spec,
                     "rep": rep, "status": "ok", "failure": None, "command": cmd,
                     "provenance": {"hostname": f"nid00{rep % 2}", "vllm_version": "0.32.0"},
-                    "confounds": {"async_scheduling": arm == "baseline", "kv_cache_tokens": KV[arm],
+                    "confounds": {"async_scheduling": arm == "baseline",
                                   "max_num_batched_tokens": 8192, "max_num_scheduled_tokens": 8192 - (0 if arm == "baseline" else 512)},
-                    "cache_config": {"block_size": 16, "num_gpu_blocks": KV[arm] // 16},
+                    "cache_config": {"block_size": 16, "num_gpu_blocks": KV[arm] // 16, "kv_cache_tokens": KV[arm]},
                     "smoke": {"captures": []}, "cells": cells,
                     "times": {"start": t - 500, "ready": t - 380, "stop": t + 5}})
     # an unservable configuration

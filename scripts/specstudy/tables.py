@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .arms import ARM_RE, is_arm_name, parse_arm
+from .records import kv_cache_tokens
 
 PHASES = ("screen", "confirm")
 REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
@@ -289,22 +290,19 @@ def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = Non
 
 
 def confound_fields(confounds: dict | None, cache_config: dict | None = None) -> dict:
-    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict."""
+    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict;
+    ``kv_cache_tokens`` is the ``/metrics`` KV pool (records.kv_cache_tokens)."""
     c = confounds or {}
     cc = cache_config or {}
-    kv = first(_num(c.get("kv_cache_tokens")), _num(cc.get("kv_cache_tokens")), _num(c.get("gpu_kv_cache_tokens")))
-    if kv is None:
-        blocks, bs = _num(first(c.get("num_gpu_blocks"), cc.get("num_gpu_blocks"))), _num(cc.get("block_size"))
-        if blocks is not None and bs is not None:
-            kv = blocks * bs
-    raw_async = first(c.get("async_scheduling"), c.get("async_scheduling_enabled"))
+    kv = kv_cache_tokens({"confounds": c, "cache_config": cc})
+    raw_async = c.get("async_scheduling")
     if isinstance(raw_async, dict):  # deploy.parse_launch_log: {enabled, method, source, statement}
         raw_async = raw_async.get("enabled")
     async_sched = _bool(raw_async)
     return {
         "kv_cache_tokens": kv,
         "async_scheduling": async_sched,
-        "max_num_batched_tokens": _num(first(c.get("max_num_batched_tokens"), cc.get("max_num_batched_tokens"))),
+        "max_num_batched_tokens": _num(c.get("max_num_batched_tokens")),
         "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
     }
 
@@ -338,7 +336,7 @@ def startup_fields(dep: dict) -> dict:
                                               c.get("tensor_parallel_size"))),
            "model_loading_gib": _num(dig(c, "model_loading", "memory_gib")),
            "kv_available_gib": _num(dig(c, "kv_cache", "available_memory_gib")),
-           "kv_log_tokens": _num(dig(c, "kv_cache", "tokens")),
+           "kv_log_tokens": kv_cache_tokens(dep, sources=("log",)),
            "compile_cache": _str(dig(c, "compilation", "compile_cache")),
            "startup_cache": _str(st.get("cache")), "startup_log_clock": _str(st.get("log_clock")),
            "startup_total_s": _num(st.get("total_s")),
