@@ -30,7 +30,10 @@ def test_kv_source_order_is_the_callers():
 def test_every_reader_uses_it():
     rec = {"status": "ok", "arm": {"name": "baseline"}, "cache_config": {"kv_cache_tokens": 16000}, "confounds": LOG}
     assert tables.confound_fields(rec["confounds"], rec["cache_config"])["kv_cache_tokens"] == 16000
-    assert tables.startup_fields(rec)["kv_log_tokens"] == 12345
+    typed = records.to_record(dict(rec, deployment_id="d", phase="screen", rep=0, failure=None, command=None, times={}),
+                              records.DeploymentRecord)
+    assert tables.startup_fields(typed)["kv_log_tokens"] == 12345
+    assert tables.deployment_row(typed)["kv_cache_tokens"] == 16000
     assert capacity.kv_capacity_tokens(rec) == 12345  # the knee prefers the launch log
     assert capacity.kv_capacity_tokens({"kv_capacity_tokens": 7.0}) == 7.0  # a knee's own summary field
     assert select.kv_cache_tokens is records.kv_cache_tokens
@@ -40,3 +43,70 @@ def test_number():
     assert records.number("12") == 12.0 and records.number(3) == 3.0
     assert records.number(True) is None and records.number(float("nan")) is None and records.number("x") is None
     assert records.number([1]) is None
+
+
+# ------------------------------------------------------------------------------------------------ typed records
+KEYS = {"phase": "screen", "arm": "draft-k3-tp1", "method": "draft_model", "num_speculative_tokens": 3,
+        "draft_tensor_parallel_size": 1, "rep": 2, "workload": "code", "concurrency": 4, "deployment_id": "d-1",
+        "kind": "drift", "rep_label": "drift2"}
+
+
+def test_a_written_failed_cell_summary_reads_typed(tmp_path):
+    from specstudy import atomic, cell
+
+    s = cell.failed_summary(KEYS, {"name": "mini", "version": 1, "digest": "x"}, "cell_error", "boom")
+    cell.validate_summary(s)
+    atomic.write_json(tmp_path / "summary.json", s)
+    rec = records.read_cell_summary(tmp_path / "summary.json")
+    assert (rec.keys.kind, rec.keys.rep_label, rec.keys.rep) == ("drift", "drift2", 2)  # flow through unchanged
+    assert rec.validity.valid is False and [r.code for r in rec.validity.reasons] == ["cell_error"]
+    assert rec.requests.attempted == 0 and rec.latency("ttft", "p50") is None
+    assert rec.corpus.version == 1 and rec.speculative.per_position_rates() is None
+    row = tables.cell_row(rec)
+    assert row["kind"] == "drift" and row["rep_label"] == "drift2" and row["invalid_reasons"] == "cell_error"
+
+
+def test_per_position_rates_in_position_order():
+    sp = records.Speculative(enabled=True, per_position={"10": 0.1, "2": 0.5, "0": 0.9, "1": None})
+    assert sp.per_position_rates() == [0.9, None, 0.5, 0.1]
+
+
+def test_a_written_failure_record_reads_typed(tmp_path):
+    from specstudy import deploy
+
+    arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+           "prompt_lookup_max": 4}
+    path = deploy.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=1, deployment_id="dep-1",
+                                       stage="readiness", reason="exited", log_path=None, exit_code=1)
+    rec = records.read_deployment(path)
+    assert rec.arm_name == "ngram-k3" and rec.status == "failed" and rec.cells == [] and rec.cache_config is None
+    assert rec.failure.stage == "readiness" and rec.rep == 1 and rec.rep_label == "rep1"
+    row = tables.deployment_row(rec, "failure_record", {"kind": "repeat", "rep_label": "rep1"})
+    assert row["failure_stage"] == "readiness" and row["num_speculative_tokens"] == 3 and row["n_cells"] == 0
+
+
+def test_deployment_record_fields():
+    rec = records.to_record({"deployment_id": "d", "phase": "screen", "arm": {"name": "baseline", "method": "baseline"},
+                             "rep": 0, "status": "ok", "failure": None, "command": None,
+                             "times": {"start": "2026-01-01T00:00:00+00:00", "ready": None, "stop": None},
+                             "provenance": {"hardware": {"hostname": "nid001"}, "tensor_parallel_size": {"target": 4}},
+                             "confounds": LOG, "cache_config": {"kv_cache_tokens": 16000, "num_gpu_blocks": 1000,
+                                                                 "block_size": 16}},
+                            records.DeploymentRecord)
+    assert rec.hostname == "nid001" and rec.target_tensor_parallel_size == 4
+    assert kv_cache_tokens(rec) == 16000 and kv_cache_tokens(rec, sources=("log",)) == 12345
+    rec.tensor_parallel_size = records.TensorParallel(target=2)
+    assert rec.target_tensor_parallel_size == 2
+
+
+def test_a_record_of_another_shape_names_file_and_field(tmp_path):
+    p = tmp_path / "summary.json"
+    p.write_text('{"keys": {"phase": "screen"}}')
+    with pytest.raises(records.RecordError, match=r"summary\.json: .*required field"):
+        records.read_cell_summary(p)
+    p.write_text('{"keys": ')
+    with pytest.raises(records.RecordError, match="not valid JSON"):
+        records.read_cell_summary(p)
+    with pytest.raises(records.RecordError, match=r"\$\.rep"):
+        records.to_record({"deployment_id": "d", "phase": "screen", "arm": {}, "rep": "one", "status": "ok",
+                           "failure": None, "command": None, "times": {}}, records.DeploymentRecord, "x")

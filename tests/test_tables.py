@@ -67,7 +67,7 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                             spec_block.update({"drafts": 100, "draft_tokens": 100 * k,
                                                "accepted_tokens": 100 * k * acc, "acceptance_rate": acc,
                                                "mean_acceptance_length": 1 + k * acc,
-                                               "per_position": [acc ** (i + 0.5) for i in range(k)]})
+                                               "per_position": {str(i): acc ** (i + 0.5) for i in range(k)}})
                         summary = {
                             "schema": "specstudy.cell/1",
                             "keys": {"phase": phase, "arm": arm, "method": spec["method"],
@@ -121,7 +121,7 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                 _write(rdir / "deployment.json", {
                     "schema": "specstudy.deployment/1", "deployment_id": dep_id, "phase": phase, "arm": spec,
                     "rep": rep, "status": "ok", "failure": None, "command": cmd,
-                    "provenance": {"hostname": f"nid00{rep % 2}", "vllm_version": "0.32.0"},
+                    "provenance": {"hardware": {"hostname": f"nid00{rep % 2}"}, "vllm_version": "0.32.0"},
                     "confounds": {"async_scheduling": arm == "baseline",
                                   "max_num_batched_tokens": 8192, "max_num_scheduled_tokens": 8192 - (0 if arm == "baseline" else 512)},
                     "cache_config": {"block_size": 16, "num_gpu_blocks": KV[arm] // 16, "kv_cache_tokens": KV[arm]},
@@ -129,8 +129,10 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                     "times": {"start": t - 500, "ready": t - 380, "stop": t + 5}})
     # an unservable configuration
     fdir = res / "deployment-failures" / "screen" / "draft-k3-tp1" / "rep0" / "screen-draft-k3-tp1-rep0-a1"
-    _write(fdir / "failure.json", {"schema": "specstudy.deployment/1", "deployment_id": "screen-draft-k3-tp1-rep0-a1",
-                                   "phase": "screen", "arm": _spec("draft-k3-tp1"), "rep": 0, "status": "failed",
+    _write(fdir / "failure.json", {"schema": "specstudy.deployment-failure/1", "deployment_id": "screen-draft-k3-tp1-rep0-a1",
+                                   "phase": "screen", "arm": _spec("draft-k3-tp1"), "rep": 0, "rep_label": "rep0",
+                                   "status": "failed", "command": None,
+                                   "times": {"start": None, "ready": None, "stop": None},
                                    "failure": {"stage": "startup", "reason": "engine refused draft TP 1 with target TP 4",
                                                "error_excerpt": "AssertionError: draft_tensor_parallel_size",
                                                "log": "launch.log"}})
