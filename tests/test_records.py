@@ -110,3 +110,19 @@ def test_a_record_of_another_shape_names_file_and_field(tmp_path):
     with pytest.raises(records.RecordError, match=r"\$\.rep"):
         records.to_record({"deployment_id": "d", "phase": "screen", "arm": {}, "rep": "one", "status": "ok",
                            "failure": None, "command": None, "times": {}}, records.DeploymentRecord, "x")
+
+
+def test_gate_record_rows(tmp_path):
+    gate = {"schema": "specstudy.gate/1", "arm": "ngram-k3", "phase": "screen", "verdict": "no_verdict",
+            "reasons": [{"code": "no_control", "detail": "no control deployments"}], "blocks_recommendation": False,
+            "claim": "no verdict: consistent with losslessness; not a proof", "margins": {"min_common_prefix_fraction": 0.0},
+            "baseline": {}, "candidate": {}, "treatment": None, "control": None, "within_deployment_controls": [],
+            "allowances": None, "checks": [], "tokenizer": None}
+    p = tmp_path / "ngram-k3.json"
+    p.write_text(__import__("json").dumps(gate))
+    rec = records.read_gate(p)
+    assert rec.verdict == "no_verdict" and rec.control is None and rec.reasons[0].code == "no_control"
+    row = tables.gate_row(rec, "screen", "ngram-k3")
+    assert row["reason_codes"] == "no_control" and row["control_pairs"] is None and not row["blocks_recommendation"]
+    assert row["margins.min_common_prefix_fraction"] == 0.0
+    assert tables.gate_row(gate, "screen", "ngram-k3") == row  # a dict is read as the record

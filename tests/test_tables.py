@@ -151,8 +151,8 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                 "margins": {"min_common_prefix_fraction": 0.0, "max_normalized_edit_distance": 0.05,
                             "max_completion_token_difference": 2},
                 "control": {"kind": "cross_deployment", "arm": "baseline", "deployment_ids": [], "captures": [],
-                            "pairs": [], "worst_case": worst},
-                "treatment": {"pairs": [], "worst_case": worst, "all_prompts_succeeded": True}})
+                            "pairs": [], "worst_case": worst, "n_pairs": 0, "n_deployments": 0},
+                "treatment": {"pairs": [], "worst_case": worst, "all_prompts_succeeded": True, "n_pairs": 0}})
     _write(res / "selection" / "selection.json", {
         "phase": "screen", "candidates": ["draft-k3-tp4"],
         "inputs": ["results/screen/draft-k3-tp4/rep0/code/c1/summary.json"], "rule": "max median speedup"})

@@ -1,8 +1,8 @@
 """Result records: the one place that knows where a field lives in a record written by this package.
 
 Typed records (msgspec Structs mirroring ``config/schemas/``) and their readers: :class:`CellSummary`
-(:func:`read_cell_summary`) and :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
-and ``failure.json``); see "Typed records" below.
+(:func:`read_cell_summary`), :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
+and ``failure.json``) and :class:`GateRecord` (:func:`read_gate`); see "Typed records" below.
 
 KV capacity
 -----------
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from .errors import UserError
 
 KV_SOURCES = ("metrics", "log")
 
@@ -88,7 +90,7 @@ def kv_cache_tokens(record: DeploymentRecord | dict | None, sources: Sequence[st
 Json = dict[str, Any]
 
 
-class RecordError(ValueError):
+class RecordError(UserError):
     """A record file is not valid JSON or not of its schema's shape; the message names file and field."""
 
 
@@ -275,6 +277,41 @@ class DeploymentRecord(msgspec.Struct):
         return None if log_tp is None else int(log_tp)
 
 
+class GateControl(msgspec.Struct):
+    kind: str  # cross_deployment | within_deployment
+    arm: str | None
+    deployment_ids: list[str]
+    captures: list[str]
+    pairs: list[Json]
+    worst_case: Json | None
+    n_pairs: int | None = None  # the control's size: pairs its worst case is taken over
+    n_deployments: int | None = None
+    pairing: str | None = None
+
+
+class GateTreatment(msgspec.Struct):
+    pairs: list[Json]
+    worst_case: Json | None
+    all_prompts_succeeded: bool
+    n_pairs: int | None = None
+    pairing: str | None = None
+
+
+class GateRecord(msgspec.Struct):
+    """``gates/<phase>/<arm>.json`` (schema ``gate``; gate.judge)."""
+
+    arm: str | None
+    phase: str | None
+    verdict: str  # pass | fail | no_verdict
+    reasons: list[Reason]
+    blocks_recommendation: bool
+    claim: str
+    margins: Json
+    treatment: GateTreatment | None
+    control: GateControl | None
+    schema: str = "specstudy.gate/1"
+
+
 def _decode(path: str | os.PathLike, type_: type, what: str):
     try:
         raw = Path(path).read_bytes()
@@ -296,6 +333,10 @@ def read_cell_summary(path: str | os.PathLike) -> CellSummary:
 def read_deployment(path: str | os.PathLike) -> DeploymentRecord:
     """A ``deployment.json`` or a ``failure.json`` of ``deployment-failures/``."""
     return _decode(path, DeploymentRecord, "deployment record")
+
+
+def read_gate(path: str | os.PathLike) -> GateRecord:
+    return _decode(path, GateRecord, "gate record")
 
 
 def to_record(data: Json, type_: type, source: str = "<record>"):

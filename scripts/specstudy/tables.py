@@ -33,10 +33,13 @@ from .records import (
     DeploymentRecord,
     DeploymentTimes,
     Failure,
+    GateRecord,
     RecordError,
     kv_cache_tokens,
     read_cell_summary,
     read_deployment,
+    read_gate,
+    to_record,
 )
 
 PHASES = ("screen", "confirm")
@@ -373,8 +376,10 @@ def flatten(obj: Any, prefix: str) -> dict:
     return out
 
 
-def cell_row(summary: CellSummary) -> dict:
-    """One ``cells`` row from a cell ``summary.json`` (records.read_cell_summary)."""
+def cell_row(summary: CellSummary | dict, source: str = "<cell summary>") -> dict:
+    """One ``cells`` row from a cell ``summary.json`` (records.read_cell_summary; a dict is read as one)."""
+    if isinstance(summary, dict):
+        summary = to_record(summary, CellSummary, source)
     keys, validity, spec, times = summary.keys, summary.validity, summary.speculative, summary.times
     reasons = msgspec.to_builtins(validity.reasons)
     notes = msgspec.to_builtins(validity.notes)
@@ -451,11 +456,13 @@ def request_rows(rows: list[dict], cell_keys: dict, deployment_id: str, chosen: 
     return out
 
 
-def deployment_row(dep: DeploymentRecord, source: str = "deployment.json", where: dict | None = None) -> dict:
+def deployment_row(dep: DeploymentRecord | dict, source: str = "deployment.json", where: dict | None = None) -> dict:
     """One ``deployments`` row from a deployment record or a failure record (``source="failure_record"``).
 
     ``where`` holds what the record's path says (phase, arm, rep, kind, rep_label); the path decides kind and
     rep_label, the record the rest."""
+    if isinstance(dep, dict):
+        dep = to_record(dep, DeploymentRecord, source)
     where = where or {}
     failure = dep.failure
     t0, tr = to_unix(dep.times.start), to_unix(dep.times.ready)
@@ -503,36 +510,34 @@ def speculative_config_from_command(command: Any) -> str | None:
     return None
 
 
-def gate_row(gate: dict, phase: str, arm: str) -> dict:
-    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (schema ``gate``)."""
-    verdict = first(gate.get("verdict"), gate.get("status"), "no_verdict")
-    control = gate.get("control") if isinstance(gate.get("control"), dict) else {}
-    control_worst = first(control.get("worst_case"), gate.get("control_worst_case"))
-    treatment_worst = dig(gate, "treatment", "worst_case")
-    reasons = gate.get("reasons") or []
-    blocks = _bool(gate.get("blocks_recommendation"))
+def gate_row(gate: GateRecord | dict, phase: str, arm: str) -> dict:
+    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (records.read_gate; a dict is read as one); the path
+    names phase and arm."""
+    if isinstance(gate, dict):
+        gate = to_record(gate, GateRecord, f"gate {phase}/{arm}")
+    control, treatment = gate.control, gate.treatment
+    control_worst = control.worst_case if control else None
+    treatment_worst = treatment.worst_case if treatment else None
+    reasons = msgspec.to_builtins(gate.reasons)
     row = {
         "phase": phase,
         "arm": arm,
-        "verdict": str(verdict),
-        "blocks_recommendation": blocks if blocks is not None else verdict != "pass",
-        "reason_codes": ",".join(sorted({str(r.get("code")) if isinstance(r, dict) else str(r) for r in reasons})),
+        "verdict": gate.verdict,
+        "blocks_recommendation": gate.blocks_recommendation,
+        "reason_codes": ",".join(sorted({r.code for r in gate.reasons})),
         "reasons": _str(reasons) if reasons else "",
-        "claim": _str(gate.get("claim")),
-        "control_kind": _str(control.get("kind")),
-        "control_arm": _str(control.get("arm")),
+        "claim": gate.claim,
+        "control_kind": control.kind if control else None,
+        "control_arm": control.arm if control else None,
         "control_worst": _str(control_worst),
         "treatment_worst": _str(treatment_worst),
         # the sizes each verdict rests on: a worst case over more pairs is larger by chance alone
-        "control_pairs": _int(first(control.get("n_pairs"), len(control.get("pairs") or []) if control else None)),
-        "control_deployments": _int(first(control.get("n_deployments"),
-                                          len(control.get("deployment_ids") or []) if control else None)),
-        "treatment_pairs": _int(first(dig(gate, "treatment", "n_pairs"),
-                                      len(dig(gate, "treatment", "pairs", default=[])) if gate.get("treatment") else None)),
+        "control_pairs": control.n_pairs if control else None,
+        "control_deployments": control.n_deployments if control else None,
+        "treatment_pairs": treatment.n_pairs if treatment else None,
         "detail": "",
     }
-    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst),
-                      ("margins", gate.get("margins"))):
+    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst), ("margins", gate.margins)):
         if isinstance(val, dict):
             row.update(flatten({k: v for k, v in val.items() if not isinstance(v, list | dict)}, name))
     return row
@@ -541,14 +546,6 @@ def gate_row(gate: dict, phase: str, arm: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Discovery
 # ---------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise TablesError(f"{path}: not valid JSON ({exc}); fix or delete the file and re-run its job") from exc
-
-
 def _read(reader, path: Path):
     """A typed record through ``reader`` (specstudy.records); a malformed one is a :class:`TablesError`."""
     try:
@@ -659,7 +656,7 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
     gdir = results / "gates"
     if gdir.is_dir():
         for g in sorted(gdir.glob("*/*.json")):
-            out["gates"].append(gate_row(_read_json(g), g.parent.name, g.stem))
+            out["gates"].append(gate_row(_read(read_gate, g), g.parent.name, g.stem))
     return out
 
 
