@@ -154,8 +154,10 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                             "pairs": [], "worst_case": worst, "n_pairs": 0, "n_deployments": 0},
                 "treatment": {"pairs": [], "worst_case": worst, "all_prompts_succeeded": True, "n_pairs": 0}})
     _write(res / "selection" / "selection.json", {
-        "phase": "screen", "candidates": ["draft-k3-tp4"],
-        "inputs": ["results/screen/draft-k3-tp4/rep0/code/c1/summary.json"], "rule": "max median speedup"})
+        "schema": "specstudy.selection/1", "phase_of_inputs": "screen", "prereg_sha256": "0" * 64,
+        "confirmation_arms": ["baseline", "draft-k3-tp4"], "candidates": [{"arm": "draft-k3-tp4", "why": "best"}],
+        "inputs": [{"path": "results/screen/draft-k3-tp4/rep0/code/c1/summary.json", "sha256": "1" * 64}],
+        "rule": "max median speedup"})
     cdir = res / "corpora" / "mini" / "1"
     _write(cdir / "corpus.json", {"name": "mini", "version": "1", "digest": "sha256:abc", "count": 12,
                                   "sources": [{"path": "code.jsonl", "sha256": "00", "license": "MIT"},

@@ -2,7 +2,8 @@
 
 Typed records (msgspec Structs mirroring ``config/schemas/``) and their readers: :class:`CellSummary`
 (:func:`read_cell_summary`), :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
-and ``failure.json``) and :class:`GateRecord` (:func:`read_gate`); see "Typed records" below.
+and ``failure.json``), :class:`GateRecord` (:func:`read_gate`) and :class:`SelectionRecord`
+(:func:`read_selection`); see "Typed records" below.
 
 KV capacity
 -----------
@@ -312,6 +313,28 @@ class GateRecord(msgspec.Struct):
     schema: str = "specstudy.gate/1"
 
 
+class SelectionInput(msgspec.Struct):
+    path: str
+    sha256: str
+
+
+class SelectionCandidate(msgspec.Struct):
+    arm: str
+    why: Any
+
+
+class SelectionRecord(msgspec.Struct):
+    """``selection/selection.json`` (schema ``selection``; select.run_selection)."""
+
+    confirmation_arms: list[str]
+    candidates: list[SelectionCandidate]
+    inputs: list[SelectionInput]
+    phase_of_inputs: str
+    prereg_sha256: str
+    digest: str | None = None
+    schema: str = "specstudy.selection/1"
+
+
 def _decode(path: str | os.PathLike, type_: type, what: str):
     try:
         raw = Path(path).read_bytes()
@@ -337,6 +360,11 @@ def read_deployment(path: str | os.PathLike) -> DeploymentRecord:
 
 def read_gate(path: str | os.PathLike) -> GateRecord:
     return _decode(path, GateRecord, "gate record")
+
+
+def read_selection(path: str | os.PathLike) -> SelectionRecord | None:
+    """The selection, or ``None`` when none has run (no file)."""
+    return _decode(path, SelectionRecord, "selection") if Path(path).exists() else None
 
 
 def to_record(data: Json, type_: type, source: str = "<record>"):
