@@ -2,14 +2,10 @@
 from specstudy.fixture_models import training_files as _fixture_training_files  # noqa: E402
 
 
-def fixture_training_text():
-    """The bundled text under corpora/data that fixture_models trains on: an edit rebuilds the models."""
-    return [str(p) for p in _fixture_training_files("corpora/data")]
-
-
 rule fixture_models:
     input:
-        text=fixture_training_text(),
+        # the bundled text the models train on, and their code: an edit of either rebuilds them
+        text=[str(p) for p in _fixture_training_files("corpora/data")],
         module="scripts/specstudy/fixture_models.py",
     output:
         record=FIXTURE_RECORD,
