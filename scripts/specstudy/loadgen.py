@@ -12,8 +12,8 @@ While it runs the generator measures itself (event-loop lag, CPU share, schedule
 waits, achieved vs offered rate) and sets ``client["limited"]`` when it may have distorted the measurement.
 See ``docs/loadgen.md`` for the definitions.
 
-Only the standard library (and msgspec, when installed) are imported at module import; aiohttp is imported when
-a run starts. Events are decoded with msgspec when it is installed (it is a vLLM dependency), ``json`` otherwise.
+Only the standard library (and msgspec, when installed; and specstudy.stat_util, stdlib only) are imported at
+module import; aiohttp is imported when a run starts. Events are decoded with msgspec when it is installed (it is a vLLM dependency), ``json`` otherwise.
 """
 
 from __future__ import annotations
