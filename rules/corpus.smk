@@ -8,6 +8,8 @@ rule corpus:
         corpus="results/corpora/{corpus}/{version}/corpus.json",
     log:
         "results/logs/corpora/{corpus}-{version}.log",
+    benchmark:
+        "results/benchmarks/corpora/{corpus}-{version}.tsv"
     params:
         tokenizer=tokenizer_dir(),
     conda:

@@ -8,6 +8,8 @@ rule gate:
         gate="results/gates/{phase}/{arm}.json",
     log:
         "results/logs/gates/{phase}/{arm}.log",
+    benchmark:
+        "results/benchmarks/gates/{phase}/{arm}.tsv"
     params:
         margins=GATE_MARGINS,
         tokenizer=tokenizer_dir(),

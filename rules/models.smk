@@ -1,11 +1,18 @@
 # Fixture models of the embedded default: a tiny target and draft sharing one tokenizer (no hub, no network).
+from specstudy.fixture_models import training_files as _fixture_training_files  # noqa: E402
 
 
 rule fixture_models:
+    input:
+        # the bundled text the models train on, and their code: an edit of either rebuilds them
+        text=[str(p) for p in _fixture_training_files("corpora/data")],
+        module="scripts/specstudy/fixture_models.py",
     output:
         record=FIXTURE_RECORD,
     log:
         "results/logs/models/fixture.log",
+    benchmark:
+        "results/benchmarks/models/fixture.tsv"
     params:
         seed=(config.get("fixture_models") or {}).get("seed", 0),
         quick="--quick" if (config.get("fixture_models") or {}).get("quick") else "",

@@ -7,6 +7,8 @@ rule prereg_lock:
         lock=protected("results/screen/prereg-lock.json"),
     log:
         "results/logs/plan/prereg-lock.log",
+    benchmark:
+        "results/benchmarks/plan/prereg-lock.tsv"
     params:
         prereg=PREREG_FILE,
     conda:
@@ -23,6 +25,8 @@ rule plan_screen:
         plan="results/plan/screen.json",
     log:
         "results/logs/plan/screen.log",
+    benchmark:
+        "results/benchmarks/plan/screen.tsv"
     params:
         config=CONFIG_FILE,
     conda:
@@ -39,6 +43,8 @@ rule plan_confirm:
         plan="results/plan/confirm.json",
     log:
         "results/logs/plan/confirm.log",
+    benchmark:
+        "results/benchmarks/plan/confirm.tsv"
     params:
         config=CONFIG_FILE,
     conda:

@@ -11,6 +11,8 @@ rule tables:
         gates="results/tables/gates.parquet",
     log:
         "results/logs/report/tables.log",
+    benchmark:
+        "results/benchmarks/report/tables.tsv"
     conda:
         "../envs/specstudy.yaml"
     shell:
@@ -29,6 +31,8 @@ rule build_report:
                      category="Plots", labels={"figure": "{name}"}),
     log:
         "results/logs/report/report.log",
+    benchmark:
+        "results/benchmarks/report/report.tsv"
     params:
         config=CONFIG_FILE,
     conda:

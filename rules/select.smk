@@ -12,6 +12,8 @@ checkpoint select:
         selection=protected("results/selection/selection.json"),
     log:
         "results/logs/selection/selection.log",
+    benchmark:
+        "results/benchmarks/selection/selection.tsv"
     params:
         config=CONFIG_FILE,
     conda:
@@ -32,6 +34,8 @@ checkpoint final_candidate:
         decision="results/selection/final-candidate.json",
     log:
         "results/logs/selection/final-candidate.log",
+    benchmark:
+        "results/benchmarks/selection/final-candidate.tsv"
     params:
         config=CONFIG_FILE,
     conda:
@@ -50,6 +54,8 @@ checkpoint confirm_round:
         state="results/confirm/rounds/round{n}.json",
     log:
         "results/logs/confirm/rounds/round{n}.log",
+    benchmark:
+        "results/benchmarks/confirm/rounds/round{n}.tsv"
     params:
         config=CONFIG_FILE,
     wildcard_constraints:

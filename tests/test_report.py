@@ -89,8 +89,9 @@ def test_report_without_confirmation_or_capacity(tmp_path):
 
 def test_report_flags_selection_that_read_confirmation(tmp_path):
     res = _build(tmp_path)
-    (res / "selection" / "selection.json").write_text(json.dumps(
-        {"candidates": ["draft-k3-tp4"], "inputs": ["results/confirm/draft-k3-tp4/rep0/code/c1/summary.json"]}))
+    sel = json.loads((res / "selection" / "selection.json").read_text())
+    sel["inputs"] = [{"path": "results/confirm/draft-k3-tp4/rep0/code/c1/summary.json", "sha256": "1" * 64}]
+    (res / "selection" / "selection.json").write_text(json.dumps(sel))
     report.build(res, res / "tables", {}, res / "report")
     assert "YES — the selection read confirmation data" in (res / "report" / "report.md").read_text()
 

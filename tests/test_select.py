@@ -48,7 +48,7 @@ def all_summaries(tpot=TPOT, noise=0.0):
 
 
 def deployments(kv):
-    return [{"arm": {"name": a}, "status": "ok", "confounds": {"kv_cache_tokens": t}} for a, t in kv.items()]
+    return [{"arm": {"name": a}, "status": "ok", "cache_config": {"kv_cache_tokens": t}} for a, t in kv.items()]
 
 
 def test_best_per_workload_and_best_ngram():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specstudy import tables
+from specstudy.arms import parse_arm
 
 WORKLOADS = ("code", "chat", "summarization")
 CONCS = (1, 8)
@@ -27,7 +28,7 @@ KV = {"baseline": 400000, "draft-k3-tp4": 300000, "draft-k5-tp4": 295000, "ngram
 
 
 def _spec(arm: str) -> dict:
-    return tables.parse_arm_name(arm) | ({"prompt_lookup_min": 2, "prompt_lookup_max": 4} if "ngram" in arm else {})
+    return parse_arm(arm) | ({"prompt_lookup_min": 2, "prompt_lookup_max": 4} if "ngram" in arm else {})
 
 
 def _write(path: Path, obj) -> None:
@@ -66,7 +67,7 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                             spec_block.update({"drafts": 100, "draft_tokens": 100 * k,
                                                "accepted_tokens": 100 * k * acc, "acceptance_rate": acc,
                                                "mean_acceptance_length": 1 + k * acc,
-                                               "per_position": [acc ** (i + 0.5) for i in range(k)]})
+                                               "per_position": {str(i): acc ** (i + 0.5) for i in range(k)}})
                         summary = {
                             "schema": "specstudy.cell/1",
                             "keys": {"phase": phase, "arm": arm, "method": spec["method"],
@@ -91,7 +92,7 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                             "speculative": spec_block,
                             "loadgen": {"limited": not valid},
                             "telemetry": {"gpu_memory_used_mib": {"mean": 1000.0, "max": 1100.0}},
-                            "confounds": {"async_scheduling": arm == "baseline", "kv_cache_tokens": KV[arm]},
+                            "confounds": {"async_scheduling": arm == "baseline"},
                             "times": {"started_at": t, "ended_at": t + 30},
                         }
                         t += 60
@@ -120,16 +121,18 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                 _write(rdir / "deployment.json", {
                     "schema": "specstudy.deployment/1", "deployment_id": dep_id, "phase": phase, "arm": spec,
                     "rep": rep, "status": "ok", "failure": None, "command": cmd,
-                    "provenance": {"hostname": f"nid00{rep % 2}", "vllm_version": "0.32.0"},
-                    "confounds": {"async_scheduling": arm == "baseline", "kv_cache_tokens": KV[arm],
+                    "provenance": {"hardware": {"hostname": f"nid00{rep % 2}"}, "vllm_version": "0.32.0"},
+                    "confounds": {"async_scheduling": arm == "baseline",
                                   "max_num_batched_tokens": 8192, "max_num_scheduled_tokens": 8192 - (0 if arm == "baseline" else 512)},
-                    "cache_config": {"block_size": 16, "num_gpu_blocks": KV[arm] // 16},
+                    "cache_config": {"block_size": 16, "num_gpu_blocks": KV[arm] // 16, "kv_cache_tokens": KV[arm]},
                     "smoke": {"captures": []}, "cells": cells,
                     "times": {"start": t - 500, "ready": t - 380, "stop": t + 5}})
     # an unservable configuration
     fdir = res / "deployment-failures" / "screen" / "draft-k3-tp1" / "rep0" / "screen-draft-k3-tp1-rep0-a1"
-    _write(fdir / "failure.json", {"schema": "specstudy.deployment/1", "deployment_id": "screen-draft-k3-tp1-rep0-a1",
-                                   "phase": "screen", "arm": _spec("draft-k3-tp1"), "rep": 0, "status": "failed",
+    _write(fdir / "failure.json", {"schema": "specstudy.deployment-failure/1", "deployment_id": "screen-draft-k3-tp1-rep0-a1",
+                                   "phase": "screen", "arm": _spec("draft-k3-tp1"), "rep": 0, "rep_label": "rep0",
+                                   "status": "failed", "command": None,
+                                   "times": {"start": None, "ready": None, "stop": None},
                                    "failure": {"stage": "startup", "reason": "engine refused draft TP 1 with target TP 4",
                                                "error_excerpt": "AssertionError: draft_tensor_parallel_size",
                                                "log": "launch.log"}})
@@ -148,11 +151,13 @@ def make_results_tree(root: Path, *, confirm: bool = True, effects: dict | None 
                 "margins": {"min_common_prefix_fraction": 0.0, "max_normalized_edit_distance": 0.05,
                             "max_completion_token_difference": 2},
                 "control": {"kind": "cross_deployment", "arm": "baseline", "deployment_ids": [], "captures": [],
-                            "pairs": [], "worst_case": worst},
-                "treatment": {"pairs": [], "worst_case": worst, "all_prompts_succeeded": True}})
+                            "pairs": [], "worst_case": worst, "n_pairs": 0, "n_deployments": 0},
+                "treatment": {"pairs": [], "worst_case": worst, "all_prompts_succeeded": True, "n_pairs": 0}})
     _write(res / "selection" / "selection.json", {
-        "phase": "screen", "candidates": ["draft-k3-tp4"],
-        "inputs": ["results/screen/draft-k3-tp4/rep0/code/c1/summary.json"], "rule": "max median speedup"})
+        "schema": "specstudy.selection/1", "phase_of_inputs": "screen", "prereg_sha256": "0" * 64,
+        "confirmation_arms": ["baseline", "draft-k3-tp4"], "candidates": [{"arm": "draft-k3-tp4", "why": "best"}],
+        "inputs": [{"path": "results/screen/draft-k3-tp4/rep0/code/c1/summary.json", "sha256": "1" * 64}],
+        "rule": "max median speedup"})
     cdir = res / "corpora" / "mini" / "1"
     _write(cdir / "corpus.json", {"name": "mini", "version": "1", "digest": "sha256:abc", "count": 12,
                                   "sources": [{"path": "code.jsonl", "sha256": "00", "license": "MIT"},

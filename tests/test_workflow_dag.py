@@ -191,6 +191,27 @@ def test_downstream_targets_dry_run_before_screening(workdir, target):
     assert "deploy_confirm" not in counts   # decided only after the selection checkpoint has run
 
 
+def fake_cell_summary(phase: str, arm: str, rep: str, workload: str, concurrency: int, *, tpot_p50_ms: float,
+                      output_tokens_per_second: float) -> dict:
+    """A valid cell summary of the shape the deployment job writes (schema cell-summary), with only the two
+    figures the analysis compares filled in (the confirmation checkpoint reads it as a typed record)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from specstudy import cell
+    from specstudy.arms import parse_arm
+
+    spec = parse_arm(arm)
+    keys = {"phase": phase, "arm": arm, "method": spec["method"], "rep": int(rep.removeprefix("drift").removeprefix("rep")),
+            "num_speculative_tokens": spec.get("num_speculative_tokens"),
+            "draft_tensor_parallel_size": spec.get("draft_tensor_parallel_size"), "workload": workload,
+            "concurrency": concurrency, "deployment_id": f"{phase}-{arm}-{rep}-fake",
+            "kind": "drift" if rep.startswith("drift") else "repeat", "rep_label": rep}
+    s = cell.failed_summary(keys, {"name": workload, "version": "1", "digest": "x" * 64}, "cell_error", "faked")
+    s["validity"] = {"valid": True, "reasons": [], "throughput_valid": True, "latency_valid": True}
+    s["latency_ms"]["tpot"]["p50"] = tpot_p50_ms
+    s["tokens"]["output_tokens_per_second"] = output_tokens_per_second
+    return cell.validate_summary(s)
+
+
 def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds) -> None:
     """Write confirmation cells and records of ``rounds`` with per-round speedups (same for every cell of an arm,
     except draft-k2-tp1 on code@c8 which takes ``speedups['border']`` when given)."""
@@ -214,12 +235,9 @@ def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds
             sp = 1.0 if d["arm"] == "baseline" else speedups[d["arm"]][r]
             if d["arm"] == "draft-k2-tp1" and (c["workload"], c["concurrency"]) == ("code", 8) and "border" in speedups:
                 sp = speedups["border"][r]
-            method = "baseline" if d["arm"] == "baseline" else ("draft_model" if d["arm"].startswith("draft") else "ngram")
             write(f"results/confirm/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json",
-                  {"keys": {"phase": "confirm", "arm": d["arm"], "method": method, "rep": d["rep"],
-                            "workload": c["workload"], "concurrency": c["concurrency"]},
-                   "validity": {"valid": True, "reasons": []},
-                   "latency_ms": {"tpot": {"p50": 10.0 / sp}}, "tokens": {"output_tokens_per_second": 100.0 * sp}})
+                  fake_cell_summary("confirm", d["arm"], d["rep"], c["workload"], c["concurrency"],
+                                    tpot_p50_ms=10.0 / sp, output_tokens_per_second=100.0 * sp))
         write(f"results/confirm/{d['arm']}/{d['rep']}/deployment.json",
               {"arm": {"name": d["arm"]}, "status": "ok", "prereg_sha256": planmod.prereg_lock(cfg)["sha256"]})
 

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic
+from specstudy.records import kv_cache_tokens
+from specstudy.stat_util import percentile
 
 SCHEMA_GATES = "specstudy.capacity-gates/1"
 SCHEMA_STEP = "specstudy.capacity-step/1"
@@ -563,19 +565,6 @@ def search(
 # measuring one step against a real (or fake) server
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100; None if empty."""
-    xs = sorted(float(x) for x in values if x is not None)
-    if not xs:
-        return None
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100.0
-    i = int(math.floor(pos))
-    j = min(i + 1, len(xs) - 1)
-    return xs[i] + (xs[j] - xs[i]) * (pos - i)
-
-
 def ols_slope(ts: list[float], ys: list[float]) -> tuple[float | None, float | None]:
     """Least-squares slope of ys on ts and its t statistic (None when residuals are all zero)."""
     n = len(ts)
@@ -807,23 +796,10 @@ def _num(x) -> float | None:
 
 
 def kv_capacity_tokens(record: dict | None) -> float | None:
-    """KV pool in tokens from a deployment record: ``confounds.kv_cache.tokens`` (launch log), else
-    ``cache_config``/``confounds`` fields ``kv_cache_tokens`` / ``gpu_kv_cache_tokens`` /
-    ``kv_cache_size_tokens``, else ``num_gpu_blocks * block_size``."""
-    if not record:
-        return None
-    nested = ((record.get("confounds") or {}).get("kv_cache") or {})  # deploy.parse_launch_log
-    if isinstance(nested, dict) and _num(nested.get("tokens")) is not None:
-        return _num(nested["tokens"])
-    for section in ("cache_config", "confounds"):
-        d = record.get(section) or {}
-        for key in ("kv_cache_tokens", "gpu_kv_cache_tokens", "kv_cache_size_tokens", "kv_capacity_tokens"):
-            if _num(d.get(key)) is not None:
-                return _num(d[key])
-        blocks, size = _num(d.get("num_gpu_blocks")), _num(d.get("block_size"))
-        if blocks is not None and size is not None:
-            return blocks * size
-    return None
+    """KV pool in tokens of a deployment record or a knee's deployment summary: the launch log's figure,
+    else the ``/metrics`` one (records.kv_cache_tokens), else the summary's own ``kv_capacity_tokens``."""
+    tokens = kv_cache_tokens(record, sources=("log", "metrics"))
+    return tokens if tokens is not None or not record else _num(record.get("kv_capacity_tokens"))
 
 
 def _kv_memory_gib(record: dict) -> float | None:
@@ -862,12 +838,7 @@ def compare_knees(baseline_knee: dict | str | os.PathLike, candidate_knee: dict 
     """"the draft costs X% of the KV pool and moves the knee by Y" from two ``knee.json`` records."""
     b = baseline_knee if isinstance(baseline_knee, dict) else atomic.read_json(baseline_knee)
     c = candidate_knee if isinstance(candidate_knee, dict) else atomic.read_json(candidate_knee)
-    kb = kv_capacity_tokens(b.get("deployment") or {}) if b.get("deployment") else None
-    kc = kv_capacity_tokens(c.get("deployment") or {}) if c.get("deployment") else None
-    if kb is None and b.get("deployment"):
-        kb = _num(b["deployment"].get("kv_capacity_tokens"))
-    if kc is None and c.get("deployment"):
-        kc = _num(c["deployment"].get("kv_capacity_tokens"))
+    kb, kc = kv_capacity_tokens(b.get("deployment")), kv_capacity_tokens(c.get("deployment"))
     if kb and kc is not None:
         cost = f"costs {100.0 * (kb - kc) / kb:.1f}% of the KV pool ({kb:,.0f} -> {kc:,.0f} tokens)"
     else:

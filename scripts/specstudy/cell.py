@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic, prom
+from specstudy.stat_util import percentile
 
 SCHEMA = "specstudy.cell/1"
 SCHEMA_NAME = "cell-summary"
@@ -66,13 +67,11 @@ def cell_fingerprint(spec: dict) -> str:
 
 
 def distribution(values) -> dict:
-    """count, mean, p50, p95, p99 of ``values`` (numpy linear interpolation); Nones when empty."""
-    import numpy as np
-
+    """count, mean, p50, p95, p99 of ``values`` (linear interpolation, numpy's; stat_util); Nones when empty."""
     vals = [float(v) for v in values if v is not None]
     if not vals:
         return {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None}
-    p50, p95, p99 = (float(x) for x in np.percentile(np.asarray(vals, dtype=float), [50, 95, 99], method="linear"))
+    p50, p95, p99 = (percentile(vals, q) for q in (50, 95, 99))
     return {"count": len(vals), "mean": math.fsum(vals) / len(vals), "p50": p50, "p95": p95, "p99": p99}
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic, schemas
+from specstudy.stat_util import percentile
 
 FORMATS = ("sharegpt_json", "task_jsonl", "documents_text_dir", "documents_jsonl", "chat_jsonl")
 DIGEST_VERSION = 1
@@ -83,11 +84,6 @@ def _open_text(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
-
-
-def _percentile_nearest_rank(sorted_values: list[int], q: float) -> int:
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _log(msg: str) -> None:
@@ -475,7 +471,7 @@ def estimate_tokens(messages: list[dict]) -> int:
 
 def token_summary(values: list[int]) -> dict:
     s = sorted(values)
-    return {"count": len(s), "min": s[0], "median": statistics.median(s), "p95": _percentile_nearest_rank(s, 0.95),
+    return {"count": len(s), "min": s[0], "median": statistics.median(s), "p95": percentile(s, 95, method="nearest_rank"),
             "max": s[-1], "mean": round(sum(s) / len(s), 3)}
 
 

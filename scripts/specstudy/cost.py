@@ -16,7 +16,8 @@ start-up + smoke + the search (measured: median ``capacity`` phase; declared: ``
 
 Wall time: phases run one after the other (confirmation needs the selection, capacity the final
 candidate); inside a phase, deployments are packed longest-first onto the profile's parallel
-slots (Slurm: ``jobs``; local: ``cores`` ÷ 2 threads per deployment job). Node-hours = Σ deployment
+slots (Slurm: ``jobs``; local: ``cores`` ÷ 2 threads per deployment job; either capped by the profile's
+``resources: deployments``). Node-hours = Σ deployment
 time × nodes per deployment job (``set-resources.<rule>.nodes`` of the profile, else 1). Queue
 waits and the short local steps (models, corpora, gates, report: ``cost.other_steps_s``) are added
 as declared.
@@ -105,6 +106,9 @@ def profile_info(profile: str | Path | None) -> dict:
         slots = int(raw.get("jobs") or 1)
     else:
         slots = max(1, int(raw.get("cores") or 1) // 2)  # deployment jobs take threads: 2
+    cap = (raw.get("resources") or {}).get("deployments")  # each deployment job takes one unit
+    if isinstance(cap, int) and cap > 0:
+        slots = min(slots, cap)
     nodes = {}
     for rule, res in (raw.get("set-resources") or {}).items():
         if isinstance(res, dict) and isinstance(res.get("nodes"), int):

@@ -403,7 +403,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
     """Evaluate the pre-registered rule on rounds 1..``round_n`` and say whether round ``round_n + 1`` runs."""
     import re
 
-    from . import atomic, stats, tables
+    from . import atomic, records, stats, tables
     from .atomic import sha256_file
     from .config import load_config, load_prereg, prereg_path
 
@@ -431,7 +431,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
         if int(m["rep"]) > round_n:
             raise DecisionRuleError(f"{p}: round {m['rep']} is after the checkpoint's round {round_n}; the checkpoint "
                                     "of round n reads rounds 1..n only")
-        row = tables.cell_row(atomic.read_json(p), p)
+        row = tables.cell_row(records.read_cell_summary(p))
         row.update(phase="confirm", arm=m["arm"], rep=int(m["rep"]), workload=m["workload"], concurrency=int(m["conc"]))
         rows.append(row)
     gates = [dict(atomic.read_json(p)) for p in gate_paths]

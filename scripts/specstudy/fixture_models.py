@@ -37,8 +37,16 @@ DEFAULTS = dict(vocab_size=2048, max_position_embeddings=1024, seq_len=128, batc
                 target_steps=200, draft_steps=120, lr=3e-3, threads=2)
 
 
+TEXT_SUFFIXES = frozenset({".txt", ".json", ".jsonl", ".md", ".py"})
+
+
+def training_files(corpus_dir: str | Path) -> list[Path]:
+    """The bundled text the models train on (rule fixture_models declares these files as its inputs)."""
+    return sorted(p for p in Path(corpus_dir).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+
+
 def _text_files(corpus_dir: Path) -> list[Path]:
-    files = sorted(p for p in corpus_dir.rglob("*") if p.is_file() and p.suffix in {".txt", ".json", ".jsonl", ".md", ".py"})
+    files = training_files(corpus_dir)
     if not files:
         raise FileNotFoundError(f"{corpus_dir}: no bundled text (*.txt, *.json, *.jsonl, *.md, *.py) to train the fixture models on")
     return files

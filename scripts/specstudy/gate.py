@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic, schemas
+from specstudy.arms import arm_from_upstream_model
 
 CAPTURE_SCHEMA = "specstudy.capture/1"
 COMPARISON_SCHEMA = "specstudy.comparison/1"
@@ -164,20 +164,6 @@ def capture_greedy(
 
 # --------------------------------------------------------------------------- loading
 
-_UPSTREAM_ARM = re.compile(r"(?:^|[-/])(baseline|draft-n(\d+)-tp(\d+)|ngram-n(\d+))(?:-|$)")
-
-
-def _upstream_arm(model: str) -> str:
-    m = _UPSTREAM_ARM.search(model or "")
-    if not m:
-        return "unknown"
-    if m.group(1) == "baseline":
-        return "baseline"
-    if m.group(2):
-        return f"draft-k{m.group(2)}-tp{m.group(3)}"
-    return f"ngram-k{m.group(4)}"
-
-
 def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *, workload_file: str | None = None) -> dict:
     """Convert an upstream (apertus-bench, ``schema_version`` 1) capture into a ``specstudy.capture/1`` record.
 
@@ -221,7 +207,7 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
     return {
         "schema": CAPTURE_SCHEMA,
         "deployment_id": model.split("/")[-1] or Path(path).stem,
-        "arm": _upstream_arm(model),
+        "arm": arm_from_upstream_model(model),
         "capture_index": 1,
         "model": model or None,
         "corpus": {"name": "upstream-smoke", "version": "1", "digest": digest},

@@ -12,8 +12,8 @@ While it runs the generator measures itself (event-loop lag, CPU share, schedule
 waits, achieved vs offered rate) and sets ``client["limited"]`` when it may have distorted the measurement.
 See ``docs/loadgen.md`` for the definitions.
 
-Only the standard library (and msgspec, when installed) are imported at module import; aiohttp is imported when
-a run starts. Events are decoded with msgspec when it is installed (it is a vLLM dependency), ``json`` otherwise.
+Only the standard library (and msgspec, when installed; and specstudy.stat_util, stdlib only) are imported at
+module import; aiohttp is imported when a run starts. Events are decoded with msgspec when it is installed (it is a vLLM dependency), ``json`` otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import asyncio
 import gc
 import hashlib
 import json
-import math
 import os
 import random
 import sys
@@ -30,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from specstudy.stat_util import percentile  # stdlib only
 
 # ----------------------------------------------------------------------------------------- event decoding
 # One SSE event is decoded straight into the few fields the row needs. With msgspec (a vLLM dependency) this is
@@ -159,22 +160,12 @@ class LoadResult:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _pct(sorted_values: list[float], q: float) -> float:
-    """Percentile with linear interpolation (numpy's default) of an already sorted non-empty list."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def _dist(values: list[float]) -> dict:
     """``{p50, p99, max}`` in the values' unit, ``None`` entries when there are no values."""
     if not values:
         return {"count": 0, "p50": None, "p99": None, "max": None}
     s = sorted(values)
-    return {"count": len(s), "p50": round(_pct(s, 50), 4), "p99": round(_pct(s, 99), 4), "max": round(s[-1], 4)}
+    return {"count": len(s), "p50": round(percentile(s, 50), 4), "p99": round(percentile(s, 99), 4), "max": round(s[-1], 4)}
 
 
 def poisson_schedule(n: int, rate_rps: float, seed: int) -> list[float]:

@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 
 from . import atomic
+from .arms import arm_name
 
 LABEL = "mechanics (random weights; not a study result)"
 PHASE = "mechanics"
@@ -158,13 +159,14 @@ def arms(m: dict, target_tp: int = 1) -> list[dict]:
         for k in m["arms"]["num_speculative_tokens"]:
             if method in ("self_draft", "small_draft"):
                 label = f"{method.replace('_', '-')}-k{k}"
-                arm = {"name": f"draft-k{k}-tp{target_tp}", "method": "draft_model", "num_speculative_tokens": int(k),
-                       "draft_tensor_parallel_size": int(target_tp)}
+                arm = {"method": "draft_model", "num_speculative_tokens": int(k), "draft_tensor_parallel_size": int(target_tp)}
+                arm = {"name": arm_name(arm), **arm}
                 draft = "target" if method == "self_draft" else "draft"
             else:
                 ng = m["arms"].get("ngram") or {}
                 label = f"ngram-k{k}"
-                arm = {"name": f"ngram-k{k}", "method": "ngram", "num_speculative_tokens": int(k),
+                arm = {"name": arm_name({"method": "ngram", "num_speculative_tokens": k}), "method": "ngram",
+                       "num_speculative_tokens": int(k),
                        "prompt_lookup_min": int(ng.get("prompt_lookup_min", 2)),
                        "prompt_lookup_max": int(ng.get("prompt_lookup_max", 4))}
                 draft = None

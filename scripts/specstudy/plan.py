@@ -24,21 +24,14 @@ from itertools import product
 from pathlib import Path
 
 from . import atomic
+from .arms import ARM_PATTERN, arm_name
 from .atomic import sha256_file
 from .config import ConfigError, load_config, load_prereg, prereg_path
 
-ARM_PATTERN = r"baseline|draft-k[0-9]+-tp[0-9]+|ngram-k[0-9]+"
+__all__ = ["ARM_PATTERN", "arm_name"]  # re-exported: rules/common.smk reads plan.ARM_PATTERN
 REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
 WORKLOAD_PATTERN = r"[a-z][a-z0-9_]*"
 PHASES = ("screen", "confirm")
-
-
-def arm_name(spec: dict) -> str:
-    if spec["method"] == "baseline":
-        return "baseline"
-    if spec["method"] == "draft_model":
-        return f"draft-k{spec['num_speculative_tokens']}-tp{spec['draft_tensor_parallel_size']}"
-    return f"ngram-k{spec['num_speculative_tokens']}"
 
 
 def _unservable_reason(cfg: dict, spec: dict) -> str | None:

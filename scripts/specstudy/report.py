@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .records import SelectionRecord, read_selection
+
 Block = tuple
 
 
@@ -117,18 +119,15 @@ def corpora(results: Path) -> list[dict]:
     return out
 
 
-def selection_check(selection: dict | None) -> dict:
-    """Did the selection use confirmation samples? Inspects every input path/phase it lists."""
-    if not selection:
+def selection_check(selection: SelectionRecord | None) -> dict:
+    """Did the selection use confirmation samples? Inspects every input path it lists and its phase of inputs."""
+    if selection is None:
         return {"present": False, "used_confirmation": None, "inputs": []}
-    inputs = selection.get("inputs") or selection.get("input_files") or selection.get("summaries") or []
-    if isinstance(inputs, dict):
-        inputs = [f"{k}: {v}" for k, v in sorted(inputs.items())]
-    inputs = [i if isinstance(i, str) else json.dumps(i, sort_keys=True) for i in inputs]
-    used = any("/confirm/" in i or i.startswith("confirm/") or '"confirm"' in i for i in inputs)
-    used = used or selection.get("phase") == "confirm"
-    return {"present": True, "used_confirmation": used, "inputs": inputs,
-            "candidates": selection.get("candidates") or selection.get("selected") or []}
+    used = any("/confirm/" in i.path or i.path.startswith("confirm/") for i in selection.inputs)
+    used = used or selection.phase_of_inputs != "screen"
+    return {"present": True, "used_confirmation": used,
+            "inputs": [f"{i.path} (sha256 {i.sha256})" for i in selection.inputs],
+            "candidates": [c.arm for c in selection.candidates]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,8 +353,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     hyps = stats.hypotheses(comps, t["deployments"], declared, model)
     dr = stats.drift(t["cells"], t["deployments"], comps, config)
     mem = stats.memory_costs(t["deployments"])
-    sel_raw = _load(results / "selection" / "selection.json")
-    sel = selection_check(sel_raw)
+    sel = selection_check(read_selection(results / "selection" / "selection.json"))
     if not sel["present"]:
         missing.append("no selection (results/selection/selection.json)")
     plots = out / "plots"

@@ -33,6 +33,7 @@ from pathlib import Path
 from . import atomic
 from .atomic import sha256_file
 from .config import load_config, load_prereg
+from .records import kv_cache_tokens
 
 
 class SelectionError(RuntimeError):
@@ -45,14 +46,6 @@ def _metric(summary: dict, metric: str) -> float | None:
         return float(v) if v else None
     v = (summary.get("tokens") or {}).get("output_tokens_per_second")
     return 1.0 / float(v) if v else None  # invert: lower is better everywhere below
-
-
-def _kv_tokens(record: dict) -> float | None:
-    for src in (record.get("confounds") or {}, record.get("cache_config") or {}):
-        for key in ("kv_cache_tokens", "kv_cache_size_tokens", "kv_cache_tokens_total"):
-            if src.get(key):
-                return float(src[key])
-    return None
 
 
 def selection_digest(selection: dict) -> str:
@@ -138,8 +131,9 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
                 scores[arm][w] = sum(logs) / len(logs)
     kv = defaultdict(list)
     for d in deployments:
-        if d.get("status") == "ok" and _kv_tokens(d) is not None:
-            kv[(d.get("arm") or {}).get("name")].append(_kv_tokens(d))
+        tokens = kv_cache_tokens(d)  # the /metrics KV pool, as in the deployments table
+        if d.get("status") == "ok" and tokens:
+            kv[(d.get("arm") or {}).get("name")].append(tokens)
     kv_med = {a: statistics.median(v) for a, v in kv.items()}
     worst = {a: max(s.values()) for a, s in scores.items() if s}
     draft_arms = [a for a in scores if methods.get(a) == "draft_model"]

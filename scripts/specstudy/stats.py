@@ -26,6 +26,8 @@ from functools import lru_cache
 from itertools import product
 from typing import Any
 
+from .stat_util import percentile
+
 DEFAULTS: dict[str, dict[str, Any]] = {
     "analysis": {
         "confidence": 0.95,
@@ -161,7 +163,7 @@ def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resampl
         out["ci_note"] = "no valid repeats"
         return out
     a = np.asarray(vals)
-    q1, q3 = np.percentile(a, [25, 75])
+    q1, q3 = percentile(vals, 25), percentile(vals, 75)
     out.update(median=float(np.median(a)), min=float(a.min()), max=float(a.max()), q1=float(q1), q3=float(q3),
                geomean=float(np.exp(np.log(a).mean())))
     if n < 2:

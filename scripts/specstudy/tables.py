@@ -9,9 +9,11 @@ The output is deterministic: rows are sorted by their keys, the column order is 
 columns first, then any extra flattened fields in sorted order), no timestamps go into the metadata,
 so deleting ``results/tables/`` and rebuilding gives the same bytes.
 
-All access to fields of result records happens in this module (the ``*_row`` functions below): the
-record shapes are still being finalized, so every field is read with ``.get`` and a documented
-default. Statistics and the report only ever read the tables.
+Cell summaries, deployment records and failure records are read as typed records
+(:mod:`specstudy.records`, one struct per schema in ``config/schemas/``): a record of another shape stops
+the build naming the file and the field instead of becoming a row of defaults. Their open sections
+(telemetry, confounds, provenance, cache_config, ...) are flattened into extra columns as written.
+Statistics and the report only ever read the tables.
 """
 
 from __future__ import annotations
@@ -23,8 +25,24 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from .arms import ARM_RE, is_arm_name, parse_arm
+from .records import (
+    CellSummary,
+    DeploymentRecord,
+    DeploymentTimes,
+    Failure,
+    GateRecord,
+    RecordError,
+    kv_cache_tokens,
+    read_cell_summary,
+    read_deployment,
+    read_gate,
+    to_record,
+)
+
 PHASES = ("screen", "confirm")
-ARM_RE = re.compile(r"^(baseline|draft-k\d+-tp\d+|ngram-k\d+)$")
 REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
 CONC_RE = re.compile(r"^c(\d+)$")
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -274,20 +292,9 @@ def to_unix(v: Any) -> float | None:
     return None
 
 
-def parse_arm_name(name: str) -> dict:
-    """Arm spec fields implied by the arm name (used when a record lacks the spec)."""
-    m = re.match(r"^draft-k(\d+)-tp(\d+)$", name or "")
-    if m:
-        return {"name": name, "method": "draft_model", "num_speculative_tokens": int(m[1]),
-                "draft_tensor_parallel_size": int(m[2])}
-    m = re.match(r"^ngram-k(\d+)$", name or "")
-    if m:
-        return {"name": name, "method": "ngram", "num_speculative_tokens": int(m[1])}
-    return {"name": name, "method": "baseline" if name == "baseline" else None}
-
-
 def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
-    spec = dict(parse_arm_name(arm_name), **{k: v for k, v in (spec or {}).items() if v is not None})
+    implied = parse_arm(arm_name) if is_arm_name(arm_name) else {}
+    spec = dict(implied, **{k: v for k, v in (spec or {}).items() if v is not None})
     return {
         "phase": phase,
         "arm": arm_name,
@@ -299,22 +306,19 @@ def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = Non
 
 
 def confound_fields(confounds: dict | None, cache_config: dict | None = None) -> dict:
-    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict."""
+    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict;
+    ``kv_cache_tokens`` is the ``/metrics`` KV pool (records.kv_cache_tokens)."""
     c = confounds or {}
     cc = cache_config or {}
-    kv = first(_num(c.get("kv_cache_tokens")), _num(cc.get("kv_cache_tokens")), _num(c.get("gpu_kv_cache_tokens")))
-    if kv is None:
-        blocks, bs = _num(first(c.get("num_gpu_blocks"), cc.get("num_gpu_blocks"))), _num(cc.get("block_size"))
-        if blocks is not None and bs is not None:
-            kv = blocks * bs
-    raw_async = first(c.get("async_scheduling"), c.get("async_scheduling_enabled"))
+    kv = kv_cache_tokens({"confounds": c, "cache_config": cc})
+    raw_async = c.get("async_scheduling")
     if isinstance(raw_async, dict):  # deploy.parse_launch_log: {enabled, method, source, statement}
         raw_async = raw_async.get("enabled")
     async_sched = _bool(raw_async)
     return {
         "kv_cache_tokens": kv,
         "async_scheduling": async_sched,
-        "max_num_batched_tokens": _num(first(c.get("max_num_batched_tokens"), cc.get("max_num_batched_tokens"))),
+        "max_num_batched_tokens": _num(c.get("max_num_batched_tokens")),
         "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
     }
 
@@ -336,19 +340,15 @@ def gpu_fields(telemetry: dict | None) -> dict:
     return out
 
 
-def startup_fields(dep: dict) -> dict:
+def startup_fields(dep: DeploymentRecord) -> dict:
     """Start-up phases, cache state and memory/KV cost of a deployment record (None where absent)."""
-    st = dep.get("startup") if isinstance(dep.get("startup"), dict) else {}
-    c = dep.get("confounds") if isinstance(dep.get("confounds"), dict) else {}
-    tp = dep.get("tensor_parallel_size")
-    times = dep.get("times") or {}
-    t0, t1 = to_unix(times.get("start")), to_unix(times.get("stop"))
-    out = {"tensor_parallel_size": _int(first(tp.get("target") if isinstance(tp, dict) else None,
-                                              dig(dep, "provenance", "tensor_parallel_size", "target"),
-                                              c.get("tensor_parallel_size"))),
+    st = dep.startup or {}
+    c = dep.confounds or {}
+    t0, t1 = to_unix(dep.times.start), to_unix(dep.times.stop)
+    out = {"tensor_parallel_size": dep.target_tensor_parallel_size,
            "model_loading_gib": _num(dig(c, "model_loading", "memory_gib")),
            "kv_available_gib": _num(dig(c, "kv_cache", "available_memory_gib")),
-           "kv_log_tokens": _num(dig(c, "kv_cache", "tokens")),
+           "kv_log_tokens": kv_cache_tokens(dep, sources=("log",)),
            "compile_cache": _str(dig(c, "compilation", "compile_cache")),
            "startup_cache": _str(st.get("cache")), "startup_log_clock": _str(st.get("log_clock")),
            "startup_total_s": _num(st.get("total_s")),
@@ -376,82 +376,66 @@ def flatten(obj: Any, prefix: str) -> dict:
     return out
 
 
-def _lat(summary: dict, metric: str, stat: str) -> float | None:
-    return _num(dig(summary, "latency_ms", metric, stat))
-
-
-def cell_row(summary: dict, source: str = "<summary>") -> dict:
-    """One ``cells`` row from a cell ``summary.json``."""
-    keys = summary.get("keys")
-    if not isinstance(keys, dict):
-        raise TablesError(f"{source}: field 'keys' missing or not an object (fix: write the cell summary per DESIGN.md)")
-    validity = summary.get("validity") or {}
-    reasons = validity.get("reasons") or []
-    codes = sorted({str(r.get("code")) if isinstance(r, dict) else str(r) for r in reasons})
-    spec = summary.get("speculative") or {}
-    valid = _bool(validity.get("valid"))
-    per_pos = spec.get("per_position")
-    if isinstance(per_pos, dict):  # {"0": rate, ...} or {"rates": [...]}
-        per_pos = per_pos.get("rates") or per_pos.get("acceptance_rate") or [
-            per_pos[k] for k in sorted(per_pos, key=lambda s: int(s) if str(s).isdigit() else 0)]
-    per_pos = [_num(x) for x in per_pos] if isinstance(per_pos, list) else None
-    times = summary.get("times") or {}
-    row = arm_keys(keys.get("phase"), keys.get("arm"), _int(keys.get("rep")),
-                   {k: keys.get(k) for k in ("method", "num_speculative_tokens", "draft_tensor_parallel_size")})
+def cell_row(summary: CellSummary | dict, source: str = "<cell summary>") -> dict:
+    """One ``cells`` row from a cell ``summary.json`` (records.read_cell_summary; a dict is read as one)."""
+    if isinstance(summary, dict):
+        summary = to_record(summary, CellSummary, source)
+    keys, validity, spec, times = summary.keys, summary.validity, summary.speculative, summary.times
+    reasons = msgspec.to_builtins(validity.reasons)
+    notes = msgspec.to_builtins(validity.notes)
+    row = arm_keys(keys.phase, keys.arm, keys.rep, {"method": keys.method, "num_speculative_tokens": keys.num_speculative_tokens,
+                                                    "draft_tensor_parallel_size": keys.draft_tensor_parallel_size})
     row.update({
-        "workload": keys.get("workload"),
-        "concurrency": _int(keys.get("concurrency")),
-        "deployment_id": _str(keys.get("deployment_id")),
-        "kind": _str(keys.get("kind")) or "repeat",
-        "rep_label": _str(keys.get("rep_label")),
-        "fingerprint": _str(summary.get("fingerprint")),
-        "corpus_name": _str(dig(summary, "corpus", "name")),
-        "corpus_version": _str(dig(summary, "corpus", "version")),
-        "corpus_digest": _str(dig(summary, "corpus", "digest")),
-        "valid": bool(valid) if valid is not None else False,
-        "throughput_valid": first(_bool(validity.get("throughput_valid")), valid, False),
-        "latency_valid": first(_bool(validity.get("latency_valid")), valid, False),
-        "invalid_reasons": ",".join(codes),
-        "invalid_details": json.dumps(reasons, sort_keys=True, default=str) if reasons else "",
-        "validity_notes": ",".join(sorted({str(n.get("code")) for n in validity.get("notes") or []
-                                           if isinstance(n, dict)})),
-        "validity_note_details": json.dumps(validity.get("notes"), sort_keys=True) if validity.get("notes") else "",
-        "requests_attempted": _int(dig(summary, "requests", "attempted")),
-        "requests_successful": _int(dig(summary, "requests", "successful")),
-        "requests_failed": _int(dig(summary, "requests", "failed")),
-        "success_rate": _num(dig(summary, "requests", "success_rate")),
-        "missing_usage": _int(dig(summary, "requests", "missing_usage")),
-        "prompt_tokens": _int(dig(summary, "tokens", "prompt")),
-        "completion_tokens": _int(dig(summary, "tokens", "completion")),
-        "output_tokens_per_second": _num(dig(summary, "tokens", "output_tokens_per_second")),
-        "wall_seconds": _num(summary.get("wall_seconds")),
-        "ttft_p50_ms": _lat(summary, "ttft", "p50"),
-        "ttft_p95_ms": _lat(summary, "ttft", "p95"),
-        "ttft_mean_ms": _lat(summary, "ttft", "mean"),
-        "tpot_p50_ms": _lat(summary, "tpot", "p50"),
-        "tpot_p95_ms": _lat(summary, "tpot", "p95"),
-        "tpot_mean_ms": _lat(summary, "tpot", "mean"),
-        "e2e_p50_ms": _lat(summary, "e2e", "p50"),
-        "e2e_p95_ms": _lat(summary, "e2e", "p95"),
-        "spec_enabled": _bool(spec.get("enabled")),
-        "acceptance_rate": _num(spec.get("acceptance_rate")),
-        "mean_acceptance_length": _num(spec.get("mean_acceptance_length")),
-        "draft_tokens": _num(spec.get("draft_tokens")),
-        "accepted_tokens": _num(spec.get("accepted_tokens")),
-        "per_position_acceptance": per_pos,
-        "loadgen_limited": _bool(dig(summary, "loadgen", "limited")),
-        "started_at": _str(times.get("started_at")),
-        "ended_at": _str(times.get("ended_at")),
-        "started_unix": to_unix(times.get("started_at")),
+        "workload": keys.workload,
+        "concurrency": keys.concurrency,
+        "deployment_id": keys.deployment_id,
+        "kind": keys.kind or "repeat",
+        "rep_label": keys.rep_label,
+        "fingerprint": summary.fingerprint,
+        "corpus_name": summary.corpus.name,
+        "corpus_version": _str(summary.corpus.version),
+        "corpus_digest": summary.corpus.digest,
+        "valid": validity.valid,
+        "throughput_valid": validity.throughput_valid,
+        "latency_valid": validity.latency_valid,
+        "invalid_reasons": ",".join(sorted({r.code for r in validity.reasons})),
+        "invalid_details": json.dumps(reasons, sort_keys=True) if reasons else "",
+        "validity_notes": ",".join(sorted({n.code for n in validity.notes})),
+        "validity_note_details": json.dumps(notes, sort_keys=True) if notes else "",
+        "requests_attempted": summary.requests.attempted,
+        "requests_successful": summary.requests.successful,
+        "requests_failed": summary.requests.failed,
+        "success_rate": summary.requests.success_rate,
+        "missing_usage": summary.requests.missing_usage,
+        "prompt_tokens": summary.tokens.prompt,
+        "completion_tokens": summary.tokens.completion,
+        "output_tokens_per_second": summary.tokens.output_tokens_per_second,
+        "wall_seconds": summary.wall_seconds,
+        "ttft_p50_ms": summary.latency("ttft", "p50"),
+        "ttft_p95_ms": summary.latency("ttft", "p95"),
+        "ttft_mean_ms": summary.latency("ttft", "mean"),
+        "tpot_p50_ms": summary.latency("tpot", "p50"),
+        "tpot_p95_ms": summary.latency("tpot", "p95"),
+        "tpot_mean_ms": summary.latency("tpot", "mean"),
+        "e2e_p50_ms": summary.latency("e2e", "p50"),
+        "e2e_p95_ms": summary.latency("e2e", "p95"),
+        "spec_enabled": spec.enabled,
+        "acceptance_rate": spec.acceptance_rate,
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "draft_tokens": spec.draft_tokens,
+        "accepted_tokens": spec.accepted_tokens,
+        "per_position_acceptance": spec.per_position_rates(),
+        "loadgen_limited": _bool((summary.loadgen or {}).get("limited")),
+        "started_at": _str(times.started_at),
+        "ended_at": _str(times.ended_at),
+        "started_unix": to_unix(times.started_at),
     })
     # every other summary metric, flattened (latency stats, telemetry, server deltas, confounds, ...)
-    for section in ("latency_ms", "telemetry", "server_deltas", "confounds", "loadgen", "tokens_per_event"):
-        val = summary.get(section)
-        if isinstance(val, dict):
-            row.update(flatten(val, section))
-    row.update({f"confound_{k}": v for k, v in confound_fields(summary.get("confounds")).items()})
-    row["tensor_parallel_size"] = _int(keys.get("tensor_parallel_size"))
-    row.update(gpu_fields(summary.get("telemetry")))
+    for section, val in summary.sections().items():
+        row.update(flatten(val, section))
+    row.update({f"confound_{k}": v for k, v in confound_fields(summary.confounds).items()})
+    row["tensor_parallel_size"] = keys.tensor_parallel_size
+    row.update(gpu_fields(summary.telemetry))
     return row
 
 
@@ -472,49 +456,42 @@ def request_rows(rows: list[dict], cell_keys: dict, deployment_id: str, chosen: 
     return out
 
 
-def deployment_row(dep: dict, source: str = "deployment.json", where: dict | None = None) -> dict:
-    """One ``deployments`` row from a deployment record or a failure record."""
+def deployment_row(dep: DeploymentRecord | dict, source: str = "deployment.json", where: dict | None = None) -> dict:
+    """One ``deployments`` row from a deployment record or a failure record (``source="failure_record"``).
+
+    ``where`` holds what the record's path says (phase, arm, rep, kind, rep_label); the path decides kind and
+    rep_label, the record the rest."""
+    if isinstance(dep, dict):
+        dep = to_record(dep, DeploymentRecord, source)
     where = where or {}
-    arm = dep.get("arm")
-    spec = arm if isinstance(arm, dict) else {}
-    arm_name = first(spec.get("name"), arm if isinstance(arm, str) else None, where.get("arm"))
-    phase = first(dep.get("phase"), where.get("phase"))
-    rep = _int(first(dep.get("rep"), where.get("rep")))
-    failure = dep.get("failure") if isinstance(dep.get("failure"), dict) else {}
-    if source == "failure_record" and not failure:
-        failure = dep
-    times = dep.get("times") or {}
-    t0, tr = to_unix(times.get("start")), to_unix(times.get("ready"))
-    command = dep.get("command")
-    cells = dep.get("cells") or []
-    prov = dep.get("provenance") or {}
-    row = arm_keys(phase, arm_name, rep, spec)
+    failure = dep.failure
+    t0, tr = to_unix(dep.times.start), to_unix(dep.times.ready)
+    row = arm_keys(dep.phase, dep.arm_name, dep.rep, dep.arm)
     row.update({
-        "deployment_id": _str(first(dep.get("deployment_id"), where.get("deployment_id"))),
-        "kind": _str(first(where.get("kind"), dep.get("kind"))) or "repeat",
-        "rep_label": _str(first(where.get("rep_label"), dep.get("rep_label"))),
+        "deployment_id": dep.deployment_id,
+        "kind": _str(first(where.get("kind"), dep.kind)) or "repeat",
+        "rep_label": _str(first(where.get("rep_label"), dep.rep_label)),
         "source": source,
-        "status": _str(first(dep.get("status"), "failed" if source == "failure_record" else None)),
-        "failure_stage": _str(failure.get("stage")),
-        "failure_reason": _str(failure.get("reason")),
-        "failure_error_excerpt": _str(failure.get("error_excerpt")),
-        "failure_log": _str(failure.get("log")),
-        "arm_spec": _str(spec) if spec else None,
-        "command": _str(command),
-        "speculative_config": speculative_config_from_command(command),
-        "hostname": _str(first(prov.get("hostname"), prov.get("node"), dig(prov, "host", "hostname"))),
+        "status": dep.status,
+        "failure_stage": failure.stage if failure else None,
+        "failure_reason": failure.reason if failure else None,
+        "failure_error_excerpt": failure.error_excerpt if failure else None,
+        "failure_log": failure.log if failure else None,
+        "arm_spec": _str(dep.arm) if dep.arm else None,
+        "command": _str(dep.command),
+        "speculative_config": speculative_config_from_command(dep.command),
+        "hostname": dep.hostname,
         "init_seconds": (tr - t0) if (t0 is not None and tr is not None) else None,
-        "n_cells": len(cells),
-        "n_cells_ok": sum(1 for c in cells if isinstance(c, dict) and c.get("status") in ("ok", "valid", "reused")),
-        "time_start": _str(times.get("start")),
-        "time_ready": _str(times.get("ready")),
-        "time_stop": _str(times.get("stop")),
+        "n_cells": len(dep.cells),
+        "n_cells_ok": sum(1 for c in dep.cells if c.status in ("ok", "valid", "reused")),
+        "time_start": _str(dep.times.start),
+        "time_ready": _str(dep.times.ready),
+        "time_stop": _str(dep.times.stop),
         "start_unix": t0,
     })
-    row.update(confound_fields(dep.get("confounds"), dep.get("cache_config")))
+    row.update(confound_fields(dep.confounds, dep.cache_config))
     row.update(startup_fields(dep))
-    for section in ("provenance", "confounds", "cache_config"):
-        val = dep.get(section)
+    for section, val in (("provenance", dep.provenance), ("confounds", dep.confounds), ("cache_config", dep.cache_config)):
         if isinstance(val, dict):
             row.update(flatten(val, section))
     return row
@@ -533,36 +510,34 @@ def speculative_config_from_command(command: Any) -> str | None:
     return None
 
 
-def gate_row(gate: dict, phase: str, arm: str) -> dict:
-    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (schema ``gate``)."""
-    verdict = first(gate.get("verdict"), gate.get("status"), "no_verdict")
-    control = gate.get("control") if isinstance(gate.get("control"), dict) else {}
-    control_worst = first(control.get("worst_case"), gate.get("control_worst_case"))
-    treatment_worst = dig(gate, "treatment", "worst_case")
-    reasons = gate.get("reasons") or []
-    blocks = _bool(gate.get("blocks_recommendation"))
+def gate_row(gate: GateRecord | dict, phase: str, arm: str) -> dict:
+    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (records.read_gate; a dict is read as one); the path
+    names phase and arm."""
+    if isinstance(gate, dict):
+        gate = to_record(gate, GateRecord, f"gate {phase}/{arm}")
+    control, treatment = gate.control, gate.treatment
+    control_worst = control.worst_case if control else None
+    treatment_worst = treatment.worst_case if treatment else None
+    reasons = msgspec.to_builtins(gate.reasons)
     row = {
         "phase": phase,
         "arm": arm,
-        "verdict": str(verdict),
-        "blocks_recommendation": blocks if blocks is not None else verdict != "pass",
-        "reason_codes": ",".join(sorted({str(r.get("code")) if isinstance(r, dict) else str(r) for r in reasons})),
+        "verdict": gate.verdict,
+        "blocks_recommendation": gate.blocks_recommendation,
+        "reason_codes": ",".join(sorted({r.code for r in gate.reasons})),
         "reasons": _str(reasons) if reasons else "",
-        "claim": _str(gate.get("claim")),
-        "control_kind": _str(control.get("kind")),
-        "control_arm": _str(control.get("arm")),
+        "claim": gate.claim,
+        "control_kind": control.kind if control else None,
+        "control_arm": control.arm if control else None,
         "control_worst": _str(control_worst),
         "treatment_worst": _str(treatment_worst),
         # the sizes each verdict rests on: a worst case over more pairs is larger by chance alone
-        "control_pairs": _int(first(control.get("n_pairs"), len(control.get("pairs") or []) if control else None)),
-        "control_deployments": _int(first(control.get("n_deployments"),
-                                          len(control.get("deployment_ids") or []) if control else None)),
-        "treatment_pairs": _int(first(dig(gate, "treatment", "n_pairs"),
-                                      len(dig(gate, "treatment", "pairs", default=[])) if gate.get("treatment") else None)),
+        "control_pairs": control.n_pairs if control else None,
+        "control_deployments": control.n_deployments if control else None,
+        "treatment_pairs": treatment.n_pairs if treatment else None,
         "detail": "",
     }
-    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst),
-                      ("margins", gate.get("margins"))):
+    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst), ("margins", gate.margins)):
         if isinstance(val, dict):
             row.update(flatten({k: v for k, v in val.items() if not isinstance(v, list | dict)}, name))
     return row
@@ -571,12 +546,12 @@ def gate_row(gate: dict, phase: str, arm: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Discovery
 # ---------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
+def _read(reader, path: Path):
+    """A typed record through ``reader`` (specstudy.records); a malformed one is a :class:`TablesError`."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise TablesError(f"{path}: not valid JSON ({exc}); fix or delete the file and re-run its job") from exc
+        return reader(path)
+    except RecordError as exc:
+        raise TablesError(str(exc)) from exc
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -613,20 +588,18 @@ def _kind_of(label: str) -> str:
     return "drift" if label.startswith("drift") else "repeat"
 
 
-def failure_record(ddir: Path) -> dict:
-    """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory."""
-    for name in ("failure.json", "deployment.json", "record.json"):
-        if (ddir / name).exists():
-            data = _read_json(ddir / name)
-            if isinstance(data, dict):
-                return data
-    for p in sorted(ddir.glob("*.json")):
-        data = _read_json(p)
-        if isinstance(data, dict) and any(k in data for k in ("failure", "reason", "stage", "status")):
-            return data
+def failure_record(ddir: Path) -> DeploymentRecord:
+    """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory: its
+    ``failure.json`` (deploy.write_failure_record), or, where the job died between copying the launch log and
+    writing the record, a record that says so."""
+    if (ddir / "failure.json").exists():
+        return _read(read_deployment, ddir / "failure.json")
+    phase, arm, repdir, dep_id = ddir.parts[-4:]
     logs = sorted(ddir.glob("*.log"))
-    return {"status": "failed", "failure": {"stage": None, "reason": "no failure record (only logs)",
-                                            "log": str(logs[0]) if logs else None}}
+    return DeploymentRecord(deployment_id=dep_id, phase=phase, arm=parse_arm(arm) if is_arm_name(arm) else {"name": arm},
+                            rep=int(REP_RE.match(repdir)[2]), status="failed", command=None, times=DeploymentTimes(),
+                            failure=Failure(stage=None, reason="no failure record (only logs)",
+                                            log=str(logs[0]) if logs else None))
 
 
 def collect(results: str | Path) -> dict[str, list[dict]]:
@@ -638,12 +611,11 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
         dep_path = rdir / "deployment.json"
         spec = None
         if dep_path.exists():
-            dep = _read_json(dep_path)
-            row = deployment_row(dep, "deployment.json", {"phase": phase, "arm": arm, "rep": rep,
-                                                          "kind": _kind_of(rdir.name), "rep_label": rdir.name})
+            dep = _read(read_deployment, dep_path)
+            row = deployment_row(dep, "deployment.json", {"kind": _kind_of(rdir.name), "rep_label": rdir.name})
             out["deployments"].append(row)
             known_deployments.add(row["deployment_id"])
-            spec = dep.get("arm") if isinstance(dep.get("arm"), dict) else None
+            spec = dep.arm
         chosen: dict[tuple[str, int], str] = {}
         for wdir in sorted(rdir.iterdir()):
             if not (wdir.is_dir() and WORKLOAD_RE.match(wdir.name)) or wdir.name == "attempts":
@@ -652,8 +624,7 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
                 m = CONC_RE.match(cdir.name)
                 spath = cdir / "summary.json"
                 if m and spath.exists():
-                    summary = _read_json(spath)
-                    row = cell_row(summary, str(spath))
+                    row = cell_row(_read(read_cell_summary, spath))
                     row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
                     row["kind"], row["rep_label"] = _kind_of(rdir.name), rdir.name
                     row["workload"], row["concurrency"] = wdir.name, int(m[1])
@@ -679,15 +650,13 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
             m = REP_RE.match(repdir)
             if not m or phase not in PHASES or dep_id in known_deployments:
                 continue
-            data = failure_record(ddir)
-            out["deployments"].append(deployment_row(
-                data, "failure_record", {"phase": phase, "arm": arm, "rep": int(m[2]), "deployment_id": dep_id,
-                                         "kind": _kind_of(repdir), "rep_label": repdir}))
+            out["deployments"].append(deployment_row(failure_record(ddir), "failure_record",
+                                                     {"kind": _kind_of(repdir), "rep_label": repdir}))
     _measuring_time(out)
     gdir = results / "gates"
     if gdir.is_dir():
         for g in sorted(gdir.glob("*/*.json")):
-            out["gates"].append(gate_row(_read_json(g), g.parent.name, g.stem))
+            out["gates"].append(gate_row(_read(read_gate, g), g.parent.name, g.stem))
     return out
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from specstudy import atomic, cell
+from specstudy.arms import arm_name
 
 REQUIRED_FILES = ("requests.jsonl", "metrics_before.prom", "metrics_after.prom", "summary.json", "metadata.json")
 WALL_SOURCE = (
@@ -59,10 +60,11 @@ def arm_of(variant: dict) -> tuple[str, dict]:
         return "baseline", {"name": "baseline", "method": "baseline"}
     if method == "draft_model":
         tp = variant.get("draft_tensor_parallel_size")
-        name = f"draft-k{k}-tp{tp}"
-        return name, {"name": name, "method": "draft_model", "num_speculative_tokens": k, "draft_tensor_parallel_size": tp}
+        spec = {"method": "draft_model", "num_speculative_tokens": k, "draft_tensor_parallel_size": tp}
+        name = arm_name(spec)
+        return name, {"name": name, **spec}
     if method == "ngram":
-        name = f"ngram-k{k}"
+        name = arm_name({"method": "ngram", "num_speculative_tokens": k})
         return name, {
             "name": name,
             "method": "ngram",

@@ -1,0 +1,375 @@
+"""Result records: the one place that knows where a field lives in a record written by this package.
+
+Typed records (msgspec Structs mirroring ``config/schemas/``) and their readers: :class:`CellSummary`
+(:func:`read_cell_summary`), :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
+and ``failure.json``), :class:`GateRecord` (:func:`read_gate`) and :class:`SelectionRecord`
+(:func:`read_selection`); see "Typed records" below.
+
+KV capacity
+-----------
+A deployment record (``deployment.json``, schema ``deployment``) carries the engine's KV pool twice:
+
+- ``"metrics"``: ``cache_config``, the labels of ``vllm:cache_config_info`` scraped from ``/metrics`` once the
+  server is ready (``deploy.parse_cache_config_info``): ``kv_cache_tokens`` (vLLM's ``kv_cache_size_tokens``
+  label, else ``num_gpu_blocks × block_size``);
+- ``"log"``: ``confounds.kv_cache.tokens``, the launch log's ``GPU KV cache size: N tokens``
+  (``deploy.parse_launch_log``).
+
+They agree for a model with one KV-cache group; the report shows both (the tables' ``kv_cache_tokens`` and
+``kv_log_tokens``). :func:`kv_cache_tokens` reads them in the order its caller asks for: the tables and the
+selection use ``/metrics``; the capacity knee prefers the launch log. A capacity knee's ``deployment`` (a
+summary of the record, ``capacity.deployment_summary``) keeps both sections, so the same reader serves it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .errors import UserError
+
+KV_SOURCES = ("metrics", "log")
+
+
+def number(v: Any) -> float | None:
+    """A finite float from a number or numeric string; ``None`` for anything else (booleans included)."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        f = float(v)
+    elif isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+    else:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _section(record: dict, key: str) -> dict:
+    v = record.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def kv_cache_tokens(record: DeploymentRecord | dict | None, sources: Sequence[str] = ("metrics",)) -> float | None:
+    """The KV pool in tokens of a deployment record (or a knee's deployment summary) from the first of
+    ``sources`` (``"metrics"``, ``"log"``; see the module docstring) that has it; ``None`` when none has."""
+    if isinstance(record, DeploymentRecord):
+        record = {"confounds": record.confounds, "cache_config": record.cache_config}
+    if not isinstance(record, dict):
+        return None
+    for source in sources:
+        if source == "metrics":
+            cc = _section(record, "cache_config")
+            tokens = number(cc.get("kv_cache_tokens"))
+            if tokens is None:
+                blocks, size = number(cc.get("num_gpu_blocks")), number(cc.get("block_size"))
+                tokens = blocks * size if blocks is not None and size is not None else None
+        elif source == "log":
+            tokens = number(_section(_section(record, "confounds"), "kv_cache").get("tokens"))
+        else:
+            raise ValueError(f"KV source must be one of {KV_SOURCES}, got {source!r}")
+        if tokens is not None:
+            return tokens
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Typed records
+# ---------------------------------------------------------------------------------------------------------
+# msgspec Structs mirroring config/schemas/<name>.schema.json: the fields the package reads are typed; open
+# sections (telemetry, confounds, cache_config, provenance, ...) stay mappings and flow through as written.
+# Decoding is lax only where JSON cannot say more (``"4"`` -> 4); a record of another shape is an error that
+# names the file and the field, never a silent default.
+
+Json = dict[str, Any]
+
+
+class RecordError(UserError):
+    """A record file is not valid JSON or not of its schema's shape; the message names file and field."""
+
+
+class Reason(msgspec.Struct):
+    code: str
+    detail: str
+
+
+class Validity(msgspec.Struct):
+    valid: bool
+    reasons: list[Reason]
+    throughput_valid: bool
+    latency_valid: bool
+    notes: list[Reason] = []
+    tpot_valid: bool | None = None
+
+
+class CellKeys(msgspec.Struct):
+    phase: str
+    arm: str
+    method: str
+    num_speculative_tokens: int | None
+    draft_tensor_parallel_size: int | None
+    rep: int
+    workload: str
+    concurrency: int
+    deployment_id: str | None
+    tensor_parallel_size: int | None = None
+    kind: str | None = None  # repeat | drift | upstream
+    rep_label: str | None = None  # the <rep> path component: rep<n> or drift<n>
+
+
+class Corpus(msgspec.Struct):
+    name: str | None
+    version: str | int | None
+    digest: str | None
+
+
+class Requests(msgspec.Struct):
+    attempted: int
+    successful: int
+    failed: int
+    success_rate: float | None
+    missing_usage: int
+
+
+class Tokens(msgspec.Struct):
+    prompt: int
+    completion: int
+    output_tokens_per_second: float | None
+
+
+class Dist(msgspec.Struct):
+    count: int
+    mean: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class Speculative(msgspec.Struct):
+    enabled: bool | None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    per_position: dict[str, float | None] | None = None  # {"0": rate at draft position 0, ...}
+
+    def per_position_rates(self) -> list[float | None] | None:
+        """The per-position acceptance rates in position order."""
+        if self.per_position is None:
+            return None
+        return [self.per_position[k] for k in sorted(self.per_position, key=int)]
+
+
+class CellTimes(msgspec.Struct):
+    started_at: str | float | None = None  # ISO 8601 (the writers); epoch seconds are read too
+    ended_at: str | float | None = None
+
+
+class CellSummary(msgspec.Struct):
+    """``<phase>/<arm>/<rep>/<workload>/c<c>/summary.json`` (schema ``cell-summary``; cell.summarize,
+    cell.failed_summary, upstream.import_cell)."""
+
+    keys: CellKeys
+    fingerprint: str | None
+    corpus: Corpus
+    validity: Validity
+    requests: Requests
+    tokens: Tokens
+    wall_seconds: float | None
+    speculative: Speculative
+    times: CellTimes
+    latency_ms: dict[str, Dist] = {}
+    # open sections, flattened into the cells table as written
+    telemetry: Json | None = None
+    server_deltas: Json | None = None
+    confounds: Json | None = None
+    loadgen: Json | None = None
+    tokens_per_event: Json | None = None
+    schema: str = "specstudy.cell/1"
+
+    def latency(self, metric: str, stat: str) -> float | None:
+        d = self.latency_ms.get(metric)
+        return None if d is None else getattr(d, stat)
+
+    def sections(self) -> dict[str, Json]:
+        """The sections the cells table flattens (``latency_ms``, ``telemetry``, ...), those present."""
+        out = {"latency_ms": msgspec.to_builtins(self.latency_ms) if self.latency_ms else None,
+               "telemetry": self.telemetry, "server_deltas": self.server_deltas, "confounds": self.confounds,
+               "loadgen": self.loadgen, "tokens_per_event": self.tokens_per_event}
+        return {k: v for k, v in out.items() if isinstance(v, dict)}
+
+
+class Failure(msgspec.Struct):
+    stage: str | None
+    reason: str | None
+    error_excerpt: str | None = None
+    log: str | None = None
+
+
+class DeploymentTimes(msgspec.Struct):
+    start: str | float | None = None  # ISO 8601 (the writers); epoch seconds are read too
+    ready: str | float | None = None
+    stop: str | float | None = None
+
+
+class CellRef(msgspec.Struct):
+    workload: str
+    concurrency: int
+    summary: str | None
+    status: str
+    deployment_id: str | None = None
+
+
+class TensorParallel(msgspec.Struct):
+    target: int
+    draft: int | None = None
+
+
+class DeploymentRecord(msgspec.Struct):
+    """``<phase>/<arm>/<rep>/deployment.json`` (schema ``deployment``; deployment_run) and
+    ``deployment-failures/<phase>/<arm>/<rep>/<id>/failure.json`` (schema ``deployment-failure``;
+    deploy.write_failure_record), which has no cache_config, cells or start-up."""
+
+    deployment_id: str
+    phase: str
+    arm: Json  # the plan's arm spec, as written (name, method, its settings)
+    rep: int
+    status: str
+    failure: Failure | None
+    command: list[str] | None
+    times: DeploymentTimes
+    provenance: Json | None = None
+    confounds: Json | None = None
+    cache_config: Json | None = None
+    cells: list[CellRef] = []
+    startup: Json | None = None
+    tensor_parallel_size: TensorParallel | None = None
+    rep_label: str | None = None
+    kind: str | None = None
+    schema: str | None = None
+
+    @property
+    def arm_name(self) -> str | None:
+        return self.arm.get("name")
+
+    @property
+    def hostname(self) -> str | None:
+        """The node the server ran on (provenance.hardware.hostname, deploy.hardware_info)."""
+        hw = (self.provenance or {}).get("hardware")
+        return hw.get("hostname") if isinstance(hw, dict) else None
+
+    @property
+    def target_tensor_parallel_size(self) -> int | None:
+        """The target's TP size: ``tensor_parallel_size.target`` of a deployment.json; a failure.json has
+        none, so its provenance's (deploy.collect_provenance), else the launch log's (confounds)."""
+        if self.tensor_parallel_size is not None:
+            return self.tensor_parallel_size.target
+        prov_tp = (self.provenance or {}).get("tensor_parallel_size")
+        if isinstance(prov_tp, dict) and prov_tp.get("target") is not None:
+            return int(prov_tp["target"])
+        log_tp = number((self.confounds or {}).get("tensor_parallel_size"))
+        return None if log_tp is None else int(log_tp)
+
+
+class GateControl(msgspec.Struct):
+    kind: str  # cross_deployment | within_deployment
+    arm: str | None
+    deployment_ids: list[str]
+    captures: list[str]
+    pairs: list[Json]
+    worst_case: Json | None
+    n_pairs: int | None = None  # the control's size: pairs its worst case is taken over
+    n_deployments: int | None = None
+    pairing: str | None = None
+
+
+class GateTreatment(msgspec.Struct):
+    pairs: list[Json]
+    worst_case: Json | None
+    all_prompts_succeeded: bool
+    n_pairs: int | None = None
+    pairing: str | None = None
+
+
+class GateRecord(msgspec.Struct):
+    """``gates/<phase>/<arm>.json`` (schema ``gate``; gate.judge)."""
+
+    arm: str | None
+    phase: str | None
+    verdict: str  # pass | fail | no_verdict
+    reasons: list[Reason]
+    blocks_recommendation: bool
+    claim: str
+    margins: Json
+    treatment: GateTreatment | None
+    control: GateControl | None
+    schema: str = "specstudy.gate/1"
+
+
+class SelectionInput(msgspec.Struct):
+    path: str
+    sha256: str
+
+
+class SelectionCandidate(msgspec.Struct):
+    arm: str
+    why: Any
+
+
+class SelectionRecord(msgspec.Struct):
+    """``selection/selection.json`` (schema ``selection``; select.run_selection)."""
+
+    confirmation_arms: list[str]
+    candidates: list[SelectionCandidate]
+    inputs: list[SelectionInput]
+    phase_of_inputs: str
+    prereg_sha256: str
+    digest: str | None = None
+    schema: str = "specstudy.selection/1"
+
+
+def _decode(path: str | os.PathLike, type_: type, what: str):
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read the {what} ({exc})") from exc
+    try:
+        return msgspec.json.decode(raw, type=type_, strict=False)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"{path}: {exc} (not a {what} as config/schemas describes it; re-run the job that "
+                          "wrote it)") from exc
+    except msgspec.DecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc}); fix or delete the file and re-run its job") from exc
+
+
+def read_cell_summary(path: str | os.PathLike) -> CellSummary:
+    return _decode(path, CellSummary, "cell summary")
+
+
+def read_deployment(path: str | os.PathLike) -> DeploymentRecord:
+    """A ``deployment.json`` or a ``failure.json`` of ``deployment-failures/``."""
+    return _decode(path, DeploymentRecord, "deployment record")
+
+
+def read_gate(path: str | os.PathLike) -> GateRecord:
+    return _decode(path, GateRecord, "gate record")
+
+
+def read_selection(path: str | os.PathLike) -> SelectionRecord | None:
+    """The selection, or ``None`` when none has run (no file)."""
+    return _decode(path, SelectionRecord, "selection") if Path(path).exists() else None
+
+
+def to_record(data: Json, type_: type, source: str = "<record>"):
+    """A typed record from an already-parsed dict (tests, records embedded in others)."""
+    try:
+        return msgspec.convert(data, type_, strict=False)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"{source}: {exc}") from exc

@@ -1,0 +1,59 @@
+"""Tests for specstudy.arms: one naming and parsing of arms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from specstudy import plan
+from specstudy.arms import ARM_PATTERN, ARM_RE, arm_from_upstream_model, arm_name, is_arm_name, parse_arm
+
+NAMES = ["baseline", "draft-k1-tp1", "draft-k3-tp4", "draft-k12-tp2", "ngram-k3", "ngram-k10"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parse_then_name_round_trips(name):
+    spec = parse_arm(name)
+    assert spec["name"] == name
+    assert arm_name(spec) == name
+    assert is_arm_name(name)
+    assert re.fullmatch(ARM_PATTERN, name) and ARM_RE.match(name)
+
+
+def test_parse_gives_the_fields_of_the_method():
+    assert parse_arm("baseline") == {"name": "baseline", "method": "baseline"}
+    assert parse_arm("draft-k3-tp4") == {"name": "draft-k3-tp4", "method": "draft_model", "num_speculative_tokens": 3,
+                                         "draft_tensor_parallel_size": 4}
+    assert parse_arm("ngram-k5") == {"name": "ngram-k5", "method": "ngram", "num_speculative_tokens": 5}
+
+
+@pytest.mark.parametrize("bad", ["", "draft-k3", "ngram-k", "draft-k3-tp4-x", "Baseline", "eagle-k3", "ngram-n3"])
+def test_not_an_arm_name(bad):
+    assert not is_arm_name(bad)
+    assert re.fullmatch(ARM_PATTERN, bad) is None
+    with pytest.raises(ValueError, match="not an arm name"):
+        parse_arm(bad)
+
+
+def test_arm_name_refuses_unknown_method():
+    with pytest.raises(ValueError, match="method"):
+        arm_name({"method": "eagle", "num_speculative_tokens": 3})
+
+
+def test_upstream_model_names():
+    assert arm_from_upstream_model("swiss-ai/apertus/draft-n3-tp4-20250101T000000") == "draft-k3-tp4"
+    assert arm_from_upstream_model("apertus-ngram-n5-2025") == "ngram-k5"
+    assert arm_from_upstream_model("x/baseline-2025") == "baseline"
+    assert arm_from_upstream_model("something-else") == "unknown"
+    assert arm_from_upstream_model("") == "unknown"
+
+
+def test_plan_arms_are_named_by_arms_module():
+    cfg = {"arms": {"methods": ["baseline", "draft_model", "ngram"], "num_speculative_tokens": [3, 5],
+                    "draft_tensor_parallel_size": [1, 4], "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4}},
+           "engine": {"target": {"tensor_parallel_size": 4}}}
+    for arm in plan.all_arms(cfg):
+        fixed = parse_arm(arm["name"])
+        assert {k: arm[k] for k in fixed} == fixed
+    assert plan.ARM_PATTERN == ARM_PATTERN  # rules/common.smk reads it from plan
