@@ -132,10 +132,6 @@ def corpus_dirs(cfg: dict, results: str = "results") -> dict[str, str]:
     return out
 
 
-def deployment_key(phase: str, arm: str, rep: str) -> str:
-    return f"{phase}/{arm}/{rep}"
-
-
 def deployment_spec(plan: dict, key: str, cfg: dict) -> dict:
     """The spec of deployment ``key`` (``<phase>/<arm>/<rep>``, e.g. ``screen/draft-k3-tp4/rep1``).
 
