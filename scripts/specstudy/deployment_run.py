@@ -422,7 +422,8 @@ def _stop(job: _Job) -> None:
         job.death.close()
         if job.death.died and job.status == "ok":
             job.fail(job.stage, "exited", f"server exited with code {job.death.exit_code} at {job.death.died_at} "
-                                          f"during {job.stage}; its process group was stopped at once")
+                                          f"during {job.stage}; its process group was stopped at once",
+                     job.death.exit_code)
     if job.watchdog is not None:
         job.watchdog.close()
         if job.watchdog.fired:
