@@ -29,6 +29,7 @@ include: "rules/mechanics.smk"
 
 localrules:
     all,
+    effective_config,
     screen,
     confirm,
     capacity,

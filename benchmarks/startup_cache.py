@@ -4,7 +4,7 @@ A deployment's start-up is paid once per deployment, and a study has dozens of t
 torch.compile + CUDA graphs (vLLM's default), a start compiles the model unless the compile cache
 (``VLLM_CACHE_ROOT``; inductor and Triton caches beside it) already holds the artifacts. This
 benchmark starts the baseline arm of a study config through the deployment job's own launcher
-(``deploy.launch`` with the study's engine settings) three times in one run:
+(``server_launch.start_server`` with the study's engine settings) three times in one run:
 
 1. compiled, cold cache: a fresh cache directory (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR,
    TRITON_CACHE_DIR all inside it);
@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from autogroup import bench_requests  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from specstudy import config as configmod  # noqa: E402
-from specstudy import deploy, loadgen  # noqa: E402
-from specstudy.deployment_run import engine_flat  # noqa: E402
+from specstudy import loadgen  # noqa: E402
+from specstudy.deployment import launch as server_launch  # noqa: E402
+from specstudy.deployment import launchlog, readiness  # noqa: E402
+from specstudy.deployment.spec import engine_flat  # noqa: E402
 
 CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -68,19 +70,19 @@ def start_once(engine: dict, label: str, *, eager: bool, cache_dir: Path, reques
     attempt = logdir / label.replace(" ", "-")
     attempt.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    server, _ = deploy.launch(eng, {"name": "baseline", "method": "baseline"}, attempt_dir=attempt,
+    server, _ = server_launch.start_server(eng, {"name": "baseline", "method": "baseline"}, attempt_dir=attempt,
                               served_model_name=served)
     try:
-        ready = deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
+        ready = readiness.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
         ready_s = time.monotonic() - t0
         res = loadgen.run_closed_loop(server.base_url, served, requests, 1, request_timeout_s=120)
     finally:
         server.stop(grace_s=float(eng["stop_grace_s"]))
     ok = [r for r in res.rows if r.get("success") and r.get("tpot_ms") is not None]
     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
-    conf = deploy.parse_launch_log(log_text)
+    conf = launchlog.parse_launch_log(log_text)
     comp = conf.get("compilation") or {}
-    startup = deploy.startup_phases(log_text, ready=server.ready_at, confounds=conf,
+    startup = launchlog.startup_phases(log_text, ready=server.ready_at, confounds=conf,
                                     cache="cold" if files_before == 0 else "warm")
     return {"label": label, "eager": eager, "cache_files_before": files_before, "ready_s": round(ready_s, 2),
             "ready_probe_s": ready["seconds"], "model_loading_s": (conf.get("model_loading") or {}).get("seconds"),

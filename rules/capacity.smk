@@ -1,5 +1,5 @@
 # Capacity: open-loop Poisson rate search per arm (baseline and the final candidate), kept apart
-# from the fixed-concurrency cells.
+# from the fixed-concurrency cells. The arm comes from the confirmation plan, the search from the config.
 
 
 rule capacity_search:
@@ -10,7 +10,7 @@ rule capacity_search:
     log:
         "results/logs/capacity/{arm}.log",
     params:
-        spec=capacity_spec,
+        deployment="capacity/{arm}/rep1",
         out="results/capacity/{arm}",
     threads: 2
     resources:
@@ -18,4 +18,5 @@ rule capacity_search:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --spec {params.spec:q} --out {params.out} > {log} 2>&1"
+        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
+        "--out {params.out} > {log} 2>&1"

@@ -1,5 +1,4 @@
 # Helpers shared by all rule files. Only functions and constants live here; rules live in their stage files.
-import hashlib
 import json
 import os
 import sys
@@ -10,9 +9,9 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 import yaml  # noqa: E402
 
 from specstudy import plan as _plan  # noqa: E402
-from specstudy.config import ConfigError, check_config, load_prereg, prereg_path  # noqa: E402
+from specstudy.config import ConfigError, check_config, effective_config_files, load_prereg, prereg_path  # noqa: E402
 from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
-from specstudy.stale import quarantine_stale as _quarantine_stale  # noqa: E402
+from specstudy import stale as _stale  # noqa: E402
 
 try:
     check_config(config, "the study config (--configfile / config/config.yaml)")
@@ -45,9 +44,17 @@ if _LOCK.exists():
         _verify_lock(_LOCK, PREREG_FILE)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
-# A report or tables built from a checkpoint output that is now missing are stale: moved aside, rebuilt.
-_quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr),
-                  capacity=bool((config.get("capacity") or {}).get("enabled")))
+# Nothing is written while the workflow is parsed (a dry run writes nothing). A report or tables built
+# from a checkpoint output that is now missing are stale: report_inputs/tables_inputs plan them again
+# (so a dry run shows it), and the onstart handler below moves them aside (never deleted) before any
+# job runs, so that they are rebuilt, not shown as current.
+STALE_CAPACITY = bool((config.get("capacity") or {}).get("enabled"))
+
+
+onstart:
+    _stale.quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr), capacity=STALE_CAPACITY)
+
+
 WORKLOADS = list(config["corpora"]["workloads"])
 SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
@@ -72,19 +79,17 @@ wildcard_constraints:
     version="[A-Za-z0-9._-]+",
 
 
-def _effective_config_file():
-    """The effective config (Snakefile default merged with --configfile/--config), content-addressed."""
-    text = json.dumps(config, sort_keys=True, indent=1)
-    path = Path(f"results/.config/{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    return str(path)
+# The effective config (Snakefile default merged with --configfile/--config), content-addressed; written
+# by rule effective_config (rules/plan.smk). CONFIG_FILE: the whole config; DEPLOYMENT_CONFIG_FILE: the
+# sections a deployment job reads (specstudy.config.DEPLOYMENT_SECTIONS).
+CONFIG_TEXTS = effective_config_files(config)
+CONFIG_FILE, DEPLOYMENT_CONFIG_FILE = CONFIG_TEXTS
 
 
-CONFIG_FILE = _effective_config_file()
+def write_config_file(path):
+    from specstudy.atomic import write_text
+
+    write_text(path, CONFIG_TEXTS[path])
 
 
 # ------------------------------------------------------------------ corpora
@@ -264,8 +269,10 @@ def deployment_inputs(wildcards, phase=None):
     phase = phase or wildcards.phase
     rep = getattr(wildcards, "rep", None) or wildcards.drift
     dep = planned(phase, wildcards.arm, rep)
+    # The job reads its spec from the plan (--deployment <phase>/<arm>/<rep>) and the effective config.
     inputs = {"corpora": all_corpus_json(), "models": model_inputs(),
-              "plan": f"results/plan/{phase}.json", "lock": ancient("results/screen/prereg-lock.json")}
+              "plan": f"results/plan/{phase}.json", "config": ancient(DEPLOYMENT_CONFIG_FILE),
+              "lock": ancient("results/screen/prereg-lock.json")}
     if phase == "confirm":
         inputs["selection"] = ancient(selection_file())
         if dep["kind"] == "repeat" and dep["round"] > CONFIRM_INITIAL:
@@ -283,29 +290,6 @@ def screen_deployment_inputs(wildcards):
 
 def confirm_deployment_inputs(wildcards):
     return deployment_inputs(wildcards, "confirm")
-
-
-def deployment_spec(wildcards, phase=None):
-    phase = phase or wildcards.phase
-    rep = getattr(wildcards, "rep", None) or wildcards.drift
-    dep = planned(phase, wildcards.arm, rep)
-    spec = {
-        "phase": phase, "rep": rep, "kind": dep["kind"], "block": dep["block"], "order": dep["order"],
-        "arm": _plan.arm_by_name(config, wildcards.arm),
-        "cells": [dict(c, corpus_dir=CORPUS_DIRS[c["workload"]]) for c in dep["cells"]],
-        "smoke_corpus_dir": CORPUS_DIRS["smoke"],
-        "engine": config["engine"], "cell_settings": config["cells"],
-        "study": config["study"]["name"], "seed": config["study"]["seed"],
-    }
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
-
-
-def screen_spec(wildcards):
-    return deployment_spec(wildcards, "screen")
-
-
-def confirm_spec(wildcards):
-    return deployment_spec(wildcards, "confirm")
 
 
 def drift_outputs():
@@ -408,6 +392,8 @@ def capacity_inputs(wildcards):
         raise WorkflowError(f"results/capacity/{wildcards.arm}: capacity runs only for baseline and the final candidate "
                             f"from confirmation ({final_candidate_file()})")
     return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": model_inputs(),
+            # the arm's spec comes from the confirmation plan, the search from the effective config
+            "plan": ancient("results/plan/confirm.json"), "config": ancient(DEPLOYMENT_CONFIG_FILE),
             # ancient: re-measuring a confirmation cell rewrites the record but does not redo the capacity search
             "record": [ancient(r) for r in confirm_records_of_arm(wildcards.arm)]}
 
@@ -417,19 +403,19 @@ def confirm_records_of_arm(arm):
     return [record_path("confirm", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == arm and d["kind"] == "repeat"][:1]
 
 
-def capacity_spec(wildcards):
-    spec = {
-        "phase": "capacity", "rep": "rep1", "kind": "capacity", "block": 1, "order": 0,
-        "arm": _plan.arm_by_name(config, wildcards.arm),
-        "cells": [], "capacity": CAPACITY, "capacity_corpus_dir": CORPUS_DIRS[CAPACITY["workload"]],
-        "smoke_corpus_dir": CORPUS_DIRS["smoke"],
-        "engine": config["engine"], "cell_settings": config["cells"],
-        "study": config["study"]["name"], "seed": config["study"]["seed"],
-    }
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+def stale_inputs(dependent):
+    """Checkpoint outputs that are missing while ``dependent`` (results/report, results/tables) still
+    holds files built from them; read-only (the onstart handler moves the stale files aside)."""
+    return [cp for cp, dep in _stale.stale_dependents(".", capacity=STALE_CAPACITY) if dep == dependent]
 
 
 def report_inputs(wildcards):
+    # A stale report depends on the missing checkpoint outputs as plain files: Snakemake plans the
+    # checkpoint and the report again (through the checkpoint's own lookup it would see the old report
+    # as current); once the checkpoint has run, the full inputs below apply.
+    stale = stale_inputs("results/report")
+    if stale:
+        return {"stale": stale}
     return {
         "screen": screen_cells() + screen_records() + gates_of("screen"),
         "confirm": confirm_cells() + confirm_records() + gates_of("confirm"),
@@ -442,4 +428,7 @@ def report_inputs(wildcards):
 
 
 def tables_inputs(wildcards):
+    stale = stale_inputs("results/tables")
+    if stale:
+        return stale
     return screen_cells() + screen_records() + gates_of("screen") + confirm_cells() + confirm_records() + gates_of("confirm")

@@ -1,6 +1,7 @@
 # One Snakemake job per deployment: start vLLM, readiness, two greedy smoke captures, the cells in
-# planned order, stop. Raw artifacts go to attempts/<deployment_id>/; declared outputs are atomic
-# copies. Measurement failures are data (exit 0); see docs/DESIGN.md "Deployment job shape".
+# planned order, stop. The job reads what to run from the plan (--plan, --deployment <phase>/<arm>/<rep>)
+# and how from the effective config; raw artifacts go to attempts/<deployment_id>/, declared outputs
+# are atomic copies. Measurement failures are data (exit 0); see docs/DESIGN.md "Deployment job shape".
 
 
 rule deploy_screen:
@@ -12,7 +13,7 @@ rule deploy_screen:
     log:
         "results/logs/screen/{arm}/{rep}.log",
     params:
-        spec=screen_spec,
+        deployment="screen/{arm}/{rep}",
         out="results/screen/{arm}/{rep}",
     threads: 2
     resources:
@@ -21,8 +22,8 @@ rule deploy_screen:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --spec {params.spec:q} --plan {input.plan} --lock {input.lock} "
-        "--out {params.out} > {log} 2>&1"
+        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
+        "--lock {input.lock} --out {params.out} > {log} 2>&1"
 
 
 rule deploy_confirm:
@@ -34,7 +35,7 @@ rule deploy_confirm:
     log:
         "results/logs/confirm/{arm}/{rep}.log",
     params:
-        spec=confirm_spec,
+        deployment="confirm/{arm}/{rep}",
         out="results/confirm/{arm}/{rep}",
     threads: 2
     resources:
@@ -43,8 +44,8 @@ rule deploy_confirm:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --spec {params.spec:q} --plan {input.plan} --lock {input.lock} "
-        "--out {params.out} > {log} 2>&1"
+        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
+        "--lock {input.lock} --out {params.out} > {log} 2>&1"
 
 
 use rule deploy_screen as deploy_drift with:
@@ -56,7 +57,7 @@ use rule deploy_screen as deploy_drift with:
     log:
         "results/logs/{phase}/{arm}/{drift}.log",
     params:
-        spec=deployment_spec,
+        deployment="{phase}/{arm}/{drift}",
         out="results/{phase}/{arm}/{drift}",
     wildcard_constraints:
         arm="baseline",

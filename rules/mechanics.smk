@@ -57,7 +57,7 @@ rule mechanics_run:
     log:
         "results/logs/mechanics/{label}.log",
     params:
-        spec=mechanics_spec,
+        mechanics=MECHANICS_FILE,
         out="results/mechanics/{label}/rep1",
     wildcard_constraints:
         label="baseline|self-draft-k[0-9]+|small-draft-k[0-9]+|ngram-k[0-9]+",
@@ -70,12 +70,14 @@ rule mechanics_run:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy mechanics run --spec {params.spec:q} --out {params.out} > {log} 2>&1"
+        "specstudy mechanics run --config {input.config} --mechanics {params.mechanics} --arm {wildcards.label} "
+        "--smoke-corpus-dir $(dirname {input.smoke}) --out {params.out} > {log} 2>&1"
 
 
 rule mechanics_summary:
     input:
-        mechanics_arm_records,
+        records=mechanics_arm_records,
+        config=ancient(CONFIG_FILE),
     output:
         json="results/mechanics/mechanics.json",
         markdown="results/mechanics/mechanics.md",
@@ -83,10 +85,9 @@ rule mechanics_summary:
     log:
         "results/logs/mechanics/summary.log",
     params:
-        config=CONFIG_FILE,
         mechanics=MECHANICS_FILE,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy mechanics summary --config {params.config} --mechanics {params.mechanics} "
+        "specstudy mechanics summary --config {input.config} --mechanics {params.mechanics} "
         "--results results --out results/mechanics > {log} 2>&1"

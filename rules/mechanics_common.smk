@@ -31,13 +31,10 @@ def mechanics_run_inputs(wildcards):
     if label not in _mech.arm_labels(m):
         raise WorkflowError(f"results/mechanics/{label}: not a configured mechanics arm "
                             f"({', '.join(_mech.arm_labels(m))}; {MECHANICS_FILE})")
+    # The job builds its spec from the effective config and the mechanics config (specstudy mechanics spec).
     inputs = {"target": f"{_mech.model_dir('target')}/model.json",
-              "corpus": f"{_mech.corpus_dir(m)}/corpus.json", "smoke": corpus_json("smoke")}
+              "corpus": f"{_mech.corpus_dir(m)}/corpus.json", "smoke": corpus_json("smoke"),
+              "config": ancient(DEPLOYMENT_CONFIG_FILE)}
     if label.startswith("small-draft"):
         inputs["draft"] = f"{_mech.model_dir('draft')}/model.json"
     return inputs
-
-
-def mechanics_spec(wildcards):
-    spec = _mech.arm_spec(config, _mechanics(), wildcards.label, CORPUS_DIRS["smoke"])
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

@@ -1,4 +1,16 @@
-# The pre-registration lock and the ordered plans of both phases.
+# The effective config, the pre-registration lock and the ordered plans of both phases.
+
+
+rule effective_config:
+    # Content-addressed (rules/common.smk: CONFIG_FILE, DEPLOYMENT_CONFIG_FILE); written here, never at parse time.
+    output:
+        config="results/.config/{name}.json",
+    log:
+        "results/logs/config/{name}.log",
+    wildcard_constraints:
+        name="(deployment-)?[0-9a-f]+",
+    run:
+        write_config_file(output.config)
 
 
 rule prereg_lock:
@@ -21,34 +33,32 @@ rule plan_screen:
     input:
         corpora=all_corpus_json(),
         lock=ancient("results/screen/prereg-lock.json"),
+        config=ancient(CONFIG_FILE),
     output:
         plan="results/plan/screen.json",
     log:
         "results/logs/plan/screen.log",
     benchmark:
         "results/benchmarks/plan/screen.tsv"
-    params:
-        config=CONFIG_FILE,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy plan --config {params.config} --phase screen --corpora {input.corpora} --out {output.plan} > {log} 2>&1"
+        "specstudy plan --config {input.config} --phase screen --corpora {input.corpora} --out {output.plan} > {log} 2>&1"
 
 
 rule plan_confirm:
     input:
         corpora=all_corpus_json(),
         selection=ancient(selection_file),
+        config=ancient(CONFIG_FILE),
     output:
         plan="results/plan/confirm.json",
     log:
         "results/logs/plan/confirm.log",
     benchmark:
         "results/benchmarks/plan/confirm.tsv"
-    params:
-        config=CONFIG_FILE,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy plan --config {params.config} --phase confirm --selection {input.selection} "
+        "specstudy plan --config {input.config} --phase confirm --selection {input.selection} "
         "--corpora {input.corpora} --out {output.plan} > {log} 2>&1"

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import deploy, schemas
+from specstudy import schemas
+from specstudy.deployment import launchlog
 
 CUDA = Path(__file__).parent / "fixtures" / "launch-logs" / "cuda"
 
 
 def parsed(name: str) -> dict:
-    c = deploy.parse_launch_log((CUDA / name).read_text(encoding="utf-8", errors="replace"))
+    c = launchlog.parse_launch_log((CUDA / name).read_text(encoding="utf-8", errors="replace"))
     schemas.validate(c, "confounds", name)
     return c
 
@@ -104,12 +105,12 @@ def test_compiled_cuda_logs_torch_compile_graph_capture_and_compile_cache():
 
 def test_tp_workers_count_once():
     """The upstream 70B logs (4 TP workers) repeat per-worker lines; TP comes from the engine config line."""
-    d3 = deploy.parse_launch_log((CUDA.parent / "upstream-70b" / "D3-3446273.log").read_text(errors="replace"))
+    d3 = launchlog.parse_launch_log((CUDA.parent / "upstream-70b" / "D3-3446273.log").read_text(errors="replace"))
     assert d3["tensor_parallel_size"] == 4 and d3["draft_tensor_parallel_size"] == 4
     synthetic = "\n".join(
         f"(Worker_TP{i} pid={100 + i}) INFO 09-19 21:28:{30 + i} [monitor.py:53] torch.compile took 9.5{i} s in total"
         for i in range(4))
-    c = deploy.parse_launch_log(synthetic)
+    c = launchlog.parse_launch_log(synthetic)
     assert c["compilation"]["torch_compile_seconds_each"] == [9.5] and c["compilation"]["torch_compile_seconds"] == 9.5
 
 
@@ -122,7 +123,7 @@ def test_startup_phases_of_the_eager_baseline():
     """eager-summary.txt: ready 65.2 s after the probe's launch; readiness seen at 08:55:29 (server started 08:55:28)."""
     ready = "2026-12-01T08:55:29.000Z"
     launch = "2026-12-01T08:54:23.800Z"  # ready - 65.2 s
-    s = deploy.startup_phases(log_text("vllm-0.23.0-cuda-eager-baseline.log"), launch=launch, ready=ready,
+    s = launchlog.startup_phases(log_text("vllm-0.23.0-cuda-eager-baseline.log"), launch=launch, ready=ready,
                               utc_offsets_s=(0.0,))
     assert s["boundaries"] == {"first_log_line": "12-01 08:54:42", "engine_core": "12-01 08:55:02",
                                "model_loaded": "12-01 08:55:07", "engine_initialized": "12-01 08:55:26"}
@@ -136,7 +137,7 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
     """compiled-summary.txt: draft k=2 ready after 85.2 s; the server started at 10:13:16."""
     text = "# specstudy launch 2026-12-01T10:11:51.800Z: python -m vllm.entrypoints.openai.api_server ...\n" + \
         log_text("vllm-0.23.0-cuda-compiled-draft-k2.log")
-    s = deploy.startup_phases(text, ready="2026-12-01T10:13:17.000Z", cache="cold", utc_offsets_s=(3600.0, 0.0))
+    s = launchlog.startup_phases(text, ready="2026-12-01T10:13:17.000Z", cache="cold", utc_offsets_s=(3600.0, 0.0))
     assert s["launch"] == "2026-12-01T10:11:51.800Z"  # from our launch line
     assert s["log_clock"] == "utc"  # UTC+1 would put the first vLLM line before the launch
     assert s["phases"] == {"import": 20.2, "api_server": 22.0, "engine_start": 4.457692, "weights": 0.542308,
@@ -144,7 +145,7 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
     assert s["total_s"] == 85.2 and s["cache"] == "cold"
     assert sum(s["phases"].values()) == pytest.approx(85.2, abs=1e-6)
     # the k=4 arm right after reuses the compiled graphs: compile drops from 20.62 s to 2.18 s
-    s4 = deploy.startup_phases(log_text("vllm-0.23.0-cuda-compiled-draft-k4.log"), cache="warm")
+    s4 = launchlog.startup_phases(log_text("vllm-0.23.0-cuda-compiled-draft-k4.log"), cache="warm")
     assert s4["phases"]["compile"] == 2.18 and s4["phases"]["graph_capture"] == 2.0 and s4["cache"] == "warm"
     assert s4["phases"]["import"] is None and s4["total_s"] is None  # no launch/ready given
 
@@ -152,10 +153,10 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
 def test_startup_log_clock_in_local_time_and_unaligned():
     text = log_text("vllm-0.23.0-cuda-eager-baseline.log")
     # the same log written by a server whose local time is UTC+1: our UTC launch is one hour earlier
-    s = deploy.startup_phases(text, launch="2026-12-01T07:54:23.800Z", ready="2026-12-01T07:55:29.000Z",
+    s = launchlog.startup_phases(text, launch="2026-12-01T07:54:23.800Z", ready="2026-12-01T07:55:29.000Z",
                               utc_offsets_s=(3600.0, 0.0))
     assert s["log_clock"] == "utc+1h" and s["phases"]["import"] == 18.2 and s["phases"]["ready"] == 3.0
     # a launch time that matches no alignment: the clock-crossing phases are unknown, the log-internal ones stay
-    s = deploy.startup_phases(text, launch="2026-12-01T05:00:00Z", ready="2026-12-01T05:01:05Z", utc_offsets_s=(0.0,))
+    s = launchlog.startup_phases(text, launch="2026-12-01T05:00:00Z", ready="2026-12-01T05:01:05Z", utc_offsets_s=(0.0,))
     assert s["log_clock"] == "unaligned" and s["phases"]["import"] is None and s["phases"]["ready"] is None
     assert s["phases"]["api_server"] == 20.0 and s["total_s"] == 65.0

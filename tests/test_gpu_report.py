@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import deploy, report, tables, telemetry
+from specstudy import report, tables, telemetry
+from specstudy.deployment import launchlog
 from test_nvml import fake_pynvml
 from test_tables import make_results_tree
 
@@ -34,11 +35,11 @@ def make_gpu_tree(tmp_path: Path) -> Path:
     confounds and start-up from the real compiled draft launch log, NVML telemetry in every cell."""
     res = make_results_tree(tmp_path, confirm=False)
     text = (CUDA / "vllm-0.23.0-cuda-compiled-draft-k2.log").read_text()
-    conf = deploy.parse_launch_log(text)
+    conf = launchlog.parse_launch_log(text)
     for dep_path in sorted((res / "screen" / "draft-k3-tp4").glob("rep*/deployment.json")):
         dep = json.loads(dep_path.read_text())
         dep["confounds"] = {**dep["confounds"], **conf}
-        dep["startup"] = deploy.startup_phases(text, launch=LAUNCH, ready=READY, cache="cold", confounds=conf,
+        dep["startup"] = launchlog.startup_phases(text, launch=LAUNCH, ready=READY, cache="cold", confounds=conf,
                                                utc_offsets_s=(0.0,))
         dep["tensor_parallel_size"] = {"target": 4, "draft": 4}
         dep["times"] = {"start": _unix(LAUNCH) - 0.5, "ready": _unix(READY), "stop": _unix(LAUNCH) + 399.5}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import atomic, deploy, mechanics, random_model, schemas
+from specstudy import atomic, mechanics, random_model, schemas
+from specstudy.deployment import command
 
 ROOT = Path(__file__).resolve().parents[1]
 MECH_FILE = ROOT / "config" / "gpu-h200-mechanics.yaml"
@@ -151,21 +152,22 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
         from specstudy.deployment_run import request_counts
 
         assert [request_counts(s["cell_settings"], c) for c in (1, 8, 32)] == [(16, 2), (32, 8), (64, 32)]
-        deploy.validate_arm(s["arm"])
+        command.validate_arm(s["arm"])
     # The draft path differs in the launched command, nothing else does (proved on the argv).
-    from specstudy.deployment_run import engine_flat
+    from specstudy.deployment.spec import engine_flat
 
-    argv = {lab: deploy.build_command(engine_flat(s["engine"]), s["arm"], port=1, served_model_name="m")
+    argv = {lab: command.build_command(engine_flat(s["engine"]), s["arm"], port=1, served_model_name="m")
             for lab, s in specs.items()}
     spec_cfg = {lab: json.loads(a[a.index("--speculative-config") + 1]) for lab, a in argv.items()
                 if "--speculative-config" in a}
     assert spec_cfg["self-draft-k3"]["model"] == "results/models/mechanics/target"
     assert spec_cfg["small-draft-k3"]["model"] == "results/models/mechanics/draft"
-    assert len({tuple(deploy.strip_speculative(a)) for a in argv.values()}) == 1
+    assert len({tuple(command.strip_speculative(a)) for a in argv.values()}) == 1
     # A mechanics deployment record validates (phase mechanics) and the study's tables never read that phase.
-    rec = deploy.deployment_record(deployment_id="mechanics-draft-k3-tp1-rep1-x", phase="mechanics",
-                                   arm=self_["arm"], rep=1, status="ok", command=None, provenance=None,
-                                   confounds=None, cache_config=None)
+    rec = {"schema": "specstudy.deployment/1", "deployment_id": "mechanics-draft-k3-tp1-rep1-x", "phase": "mechanics",
+           "arm": self_["arm"], "rep": 1, "status": "ok", "failure": None, "command": None, "provenance": None,
+           "confounds": None, "cache_config": None, "smoke": {"captures": []}, "cells": [],
+           "times": {"start": None, "ready": None, "stop": None}}
     schemas.validate(rec, "deployment")
     from specstudy import tables
 

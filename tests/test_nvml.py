@@ -6,11 +6,11 @@ import json
 import sys
 import time
 import types
-from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, deploy, schemas, telemetry
+from specstudy import atomic, schemas, telemetry
+from specstudy.deployment import provenance
 
 MIB = 2**20
 
@@ -175,10 +175,10 @@ def test_inventory_for_provenance(fresh, monkeypatch):
 
 def test_provenance_hardware_with_and_without_gpus(fresh, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(4))
-    hw = deploy.hardware_info()
+    hw = provenance.hardware_info()
     assert len(hw["gpus"]) == 4 and hw["gpu"]["count"] == 4 and hw["gpu"]["driver_version"] == "580.95.05"
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0))
-    hw = deploy.hardware_info()
+    hw = provenance.hardware_info()
     assert hw["gpus"] is None and hw["gpu"]["count"] == 0 and "no GPU" in hw["gpu"]["error"]
     prov = {"schema": "specstudy.provenance/1", "deployment_id": "d", "arm": {"name": "baseline", "method": "baseline"},
             "project": {"revision": None, "dirty": None}, "backend": "local", "container": None, "bind_mounts": [],
@@ -209,7 +209,7 @@ def test_real_nvml_sampler_on_this_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_real_cuda_launch_is_parsed(fixture_models, tmp_path):
+def test_real_cuda_launch_is_parsed(fixture_models, tmp_path, monkeypatch):
     """A real vLLM CUDA deployment of the fixture target (eager, small memory share): confounds, start-up, NVML.
 
     The server's interpreter is ``$SPECSTUDY_VLLM_PYTHON`` (default: this one); it must import a CUDA vLLM.
@@ -228,21 +228,46 @@ def test_real_cuda_launch_is_parsed(fixture_models, tmp_path):
               "stop_grace_s": 20, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"},
               "cache_root": str(tmp_path / "vllm-cache")}
     arm = {"name": "draft-k2-tp1", "method": "draft_model", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}
-    with deploy.Deployment(engine, arm, results_dir=tmp_path / "results", phase="screen", rep=0) as dep:
-        assert dep.ok, dep.failure
-        with dep.telemetry(tmp_path / "telemetry.jsonl", interval_s=0.2) as tel:
-            time.sleep(1.0)
-    c = dep.confounds
+    from specstudy import cell as cellmod
+    from specstudy.deployment_run import run_deployment
+    from test_deploy import fake_captures, job_spec
+
+    monkeypatch.chdir(tmp_path)
+    fake_captures(monkeypatch)
+    telemetry_seen = []
+
+    def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, sampler, **k):  # telemetry only
+        sampler.start()
+        time.sleep(1.0)
+        sampler.stop()
+        telemetry_seen.append(sampler.summary())
+        summary = {"keys": keys, "validity": {"valid": True, "reasons": []}}
+        atomic.write_json(cdir / "summary.json", summary)
+        return summary
+
+    monkeypatch.setattr(cellmod, "run_cell", run_cell)
+    engine = {"backend": "local", "python": py,
+              "target": {"path": fixture_models["target"], "served_model_name": "tiny", "tensor_parallel_size": 1,
+                         "max_model_len": 512},
+              "draft": {"path": fixture_models["draft"]},
+              "server": {"gpu_memory_utilization": 0.2, "extra_args": ["--enforce-eager"], "ready_timeout_s": 600,
+                         "stop_grace_s": 20, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"},
+                         "cache_root": str(tmp_path / "vllm-cache")}}
+    out = tmp_path / "results" / "screen" / arm["name"] / "rep1"
+    assert run_deployment(job_spec(tmp_path, arm, engine), out, results_root=tmp_path / "results") == 0
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "ok", rec["failure"]
+    c, prov = rec["confounds"], rec["provenance"]
     assert c["device"] == "cuda" and c["kv_cache"]["device"] == "GPU" and c["kv_cache"]["tokens"] > 0
     assert c["speculative_method"] == "draft_model" and c["model_loading"]["includes_draft"] is True
     assert c["attention_backend"]["name"] and c["engine_init_seconds"] > 0
-    assert dep.provenance["compile_cache"]["state"] == "cold"
-    assert dep.provenance["launcher_env"]["NCCL_NVLS_ENABLE"] == "0"
-    assert dep.provenance["hardware"]["gpu"]["source"] == "nvml"
-    assert tel.summary()["gpu"]["source"] == "nvml"
-    startup = dep.record()["startup"]
+    assert prov["compile_cache"]["state"] == "cold"
+    assert prov["launcher_env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert prov["hardware"]["gpu"]["source"] == "nvml"
+    assert telemetry_seen[0]["gpu"]["source"] == "nvml"
+    startup = rec["startup"]
     assert startup["cache"] == "cold" and startup["log_clock"] not in (None, "unaligned"), startup
     assert startup["phases"]["weights"] is not None and startup["total_s"] > 0
     print(json.dumps({"probe": probe.stdout.strip(), "confounds": c, "startup": startup,
-                      "provenance_hardware": dep.provenance["hardware"]}, indent=1, default=str))
-    assert Path(dep.attempt_dir / "launch.log").exists()
+                      "provenance_hardware": prov["hardware"]}, indent=1, default=str))
+    assert (out / "attempts" / rec["deployment_id"] / "launch.log").exists()

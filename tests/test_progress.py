@@ -9,7 +9,6 @@ every phase (launching, smoke, cell i/N warm-up/measure/drain, stopping).
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import subprocess
@@ -66,37 +65,45 @@ def _corpus(d: Path, name: str, n: int, max_tokens: int) -> str:
     return str(d / name)
 
 
-def _spec(tmp_path: Path) -> dict:
+def _plan_and_settings(tmp_path: Path) -> tuple[dict, dict]:
+    """A one-deployment plan and the deployment settings of a study (the job reads its spec from both);
+    the corpora are small fakes where the embedded specs' names put them (results/corpora/<name>/<version>)."""
     fakepy = tmp_path / "fakepy"
     fakepy.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{ROOT / "tests" / "progress_fake_vllm.py"}" "$@"\n')
     fakepy.chmod(0o755)
-    code = _corpus(tmp_path / "corpora", "code", 12, 40)
-    return {
-        "phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0,
-        "arm": {"name": "baseline", "method": "baseline", "servable": True},
-        "cells": [{"workload": "code", "concurrency": 1, "corpus_dir": code},
-                  {"workload": "code", "concurrency": 2, "corpus_dir": code}],
-        "smoke_corpus_dir": _corpus(tmp_path / "corpora", "smoke", 2, 8),
+    _corpus(tmp_path / "results" / "corpora" / "bundled-code", "1", 12, 40)
+    _corpus(tmp_path / "results" / "corpora" / "bundled-smoke", "1", 2, 8)
+    plan = {"schema": "specstudy.plan/1", "phase": "screen", "arms": [{"name": "baseline", "method": "baseline"}],
+            "deployments": [{"phase": "screen", "arm": "baseline", "rep": "rep1", "kind": "repeat", "block": 1,
+                             "order": 0, "cells": [{"workload": "code", "concurrency": 1},
+                                                   {"workload": "code", "concurrency": 2}]}]}
+    settings = {
+        "study": {"name": "t", "seed": 1},
+        "corpora": {"workloads": {"code": str(ROOT / "corpora" / "embedded" / "code.yaml")},
+                    "smoke": str(ROOT / "corpora" / "embedded" / "smoke.yaml")},
         "engine": {"backend": "local", "python": str(fakepy),
                    "target": {"path": str(tmp_path), "served_model_name": "fake", "tensor_parallel_size": 1,
                               "max_model_len": 1024},
                    "server": {"ready_timeout_s": 60, "stop_grace_s": 5,
                               "env": {"FAKE_STARTUP_S": "7", "FAKE_TOKEN_DELAY_MS": "25"}}},
-        "cell_settings": {"requests": 8, "warmup_requests": 2, "temperature": 0.0, "seed": 1,
-                          "request_timeout_s": 60, "drain_timeout_s": 10, "reuse_valid": True,
-                          "client_limits": {"event_loop_lag_p99_ms": 1000, "cpu_share": 1.0,
-                                            "pool_wait_p99_ms": 1000}},
+        "cells": {"requests": 8, "warmup_requests": 2, "temperature": 0.0, "seed": 1,
+                  "request_timeout_s": 60, "drain_timeout_s": 10, "reuse_valid": True,
+                  "client_limits": {"event_loop_lag_p99_ms": 1000, "cpu_share": 1.0, "pool_wait_p99_ms": 1000}},
     }
+    return plan, settings
 
 
 def test_deployment_job_log_shows_progress_while_running(tmp_path):
-    spec = _spec(tmp_path)
+    plan, settings = _plan_and_settings(tmp_path)
+    atomic.write_json(tmp_path / "plan.json", plan)
+    atomic.write_json(tmp_path / "deployment-settings.json", settings)
     out = tmp_path / "results" / "screen" / "baseline" / "rep1"
     log = tmp_path / "job.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     env.pop("SPECSTUDY_PROGRESS_TTY", None)
     with open(log, "w") as fh:  # like the rule: specstudy deployment run ... > {log} 2>&1
-        proc = subprocess.Popen([sys.executable, "-m", "specstudy.cli", "deployment", "run", "--spec", json.dumps(spec),
+        proc = subprocess.Popen([sys.executable, "-m", "specstudy.cli", "deployment", "run", "--plan", "plan.json",
+                                 "--deployment", "screen/baseline/rep1", "--config", "deployment-settings.json",
                                  "--out", str(out)], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     seen: dict[str, float] = {}  # progress line -> when the test first read it from the log
     t0 = time.monotonic()

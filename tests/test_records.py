@@ -72,7 +72,7 @@ def test_per_position_rates_in_position_order():
 
 
 def test_a_written_failure_record_reads_typed(tmp_path):
-    from specstudy import deploy
+    from specstudy.deployment import records as deploy
 
     arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
            "prompt_lookup_max": 4}

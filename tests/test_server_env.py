@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import deploy, deployment_run, schemas
+from specstudy import config, deployment_run, schemas
+from specstudy.deployment import command, provenance
+from specstudy.deployment import launch as server_launch
+from specstudy.deployment.spec import engine_flat
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROBE = ["NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "VLLM_CACHE_ROOT", "KEEP_ME"]
 
 
-def child_env(backend: deploy.LocalProcessBackend, tmp_path: Path) -> tuple[dict, deploy.Server]:
+def child_env(backend: server_launch.LocalProcessBackend, tmp_path: Path) -> tuple[dict, server_launch.Server]:
     """Start a real child through the backend that prints the probed variables of its own os.environ."""
     code = f"import json, os; print('ENV=' + json.dumps({{k: os.environ.get(k) for k in {PROBE!r}}}))"
     server = backend.start([sys.executable, "-c", code], log_path=tmp_path / "launch.log", served_model_name="x",
@@ -34,18 +37,18 @@ def test_local_child_gets_multicast_off_even_when_the_job_lacks_or_contradicts_i
     for k in MULTICAST_OFF:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("KEEP_ME", "job")
-    env, server = child_env(deploy.LocalProcessBackend({"model": "m"}), tmp_path / "a")
+    env, server = child_env(server_launch.LocalProcessBackend({"model": "m"}), tmp_path / "a")
     assert {k: env[k] for k in MULTICAST_OFF} == MULTICAST_OFF and env["KEEP_ME"] == "job"
     assert server.launch_info["added_env"] == MULTICAST_OFF
     # a job environment that turns multicast on does not reach the server: only the engine config decides
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    env, _ = child_env(deploy.LocalProcessBackend({"model": "m"}), tmp_path / "b")
+    env, _ = child_env(server_launch.LocalProcessBackend({"model": "m"}), tmp_path / "b")
     assert env["NCCL_NVLS_ENABLE"] == "0"
 
 
 def test_engine_config_sets_them_explicitly(tmp_path, monkeypatch):
     monkeypatch.delenv("NVSHMEM_DISABLE_NVLS", raising=False)
-    backend = deploy.LocalProcessBackend({"model": "m", "env": {"NCCL_NVLS_ENABLE": "1"}})
+    backend = server_launch.LocalProcessBackend({"model": "m", "env": {"NCCL_NVLS_ENABLE": "1"}})
     env, server = child_env(backend, tmp_path)
     assert env["NCCL_NVLS_ENABLE"] == "1" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1"
@@ -59,7 +62,7 @@ def test_container_edf_carries_multicast_off_unless_configured(tmp_path):
     edf.write_text('image = "/i.sqsh"\n\n[env]\nVLLM_CACHE_ROOT = "/scratch/vllm-cache"\n')
     cfg = {"model": "/m", "backend": "container", "env": {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"},
            "container": {"edf": str(edf), "env_file": str(env_file)}}
-    backend = deploy.make_backend(cfg)
+    backend = server_launch.make_backend(cfg)
     backend.wrap(["python3", "-m", "x"], tmp_path / "attempt")
     written = tomllib.loads((tmp_path / "attempt" / "environment.toml").read_text())["env"]
     assert written == {"VLLM_CACHE_ROOT": "/scratch/vllm-cache", "NVSHMEM_DISABLE_NVLS": "0", "HF_HUB_OFFLINE": "1",
@@ -67,7 +70,7 @@ def test_container_edf_carries_multicast_off_unless_configured(tmp_path):
     assert backend.added_env() == {"NCCL_NVLS_ENABLE": "0"}
     # the repository's Clariden example EDF + env file get all three
     root = Path(__file__).resolve().parents[1]
-    clariden = deploy.make_backend({"model": "/m", "backend": "container", "container": {
+    clariden = server_launch.make_backend({"model": "/m", "backend": "container", "container": {
         "edf": str(root / "envs" / "clariden-vllm.toml"), "env_file": str(root / "envs" / "clariden-vllm.env")}})
     assert {k: clariden.edf()["env"][k] for k in MULTICAST_OFF} == MULTICAST_OFF
 
@@ -75,19 +78,19 @@ def test_container_edf_carries_multicast_off_unless_configured(tmp_path):
 def test_cache_root_is_shared_cold_then_warm_and_recorded(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     study = {"target": {"path": "/m", "max_model_len": 64}, "server": {"cache_root": "results/.vllm-cache"}}
-    flat = deployment_run.engine_flat(study)
+    flat = engine_flat(study)
     assert flat["cache_root"] == "results/.vllm-cache"
     root = tmp_path / "results" / ".vllm-cache"
-    env, first = child_env(deploy.LocalProcessBackend(flat), tmp_path / "d1")
+    env, first = child_env(server_launch.LocalProcessBackend(flat), tmp_path / "d1")
     assert env["VLLM_CACHE_ROOT"] == str(root) and root.is_dir()
     assert first.launch_info["compile_cache"] == {"root": str(root), "source": "engine.server.cache_root",
                                                   "state": "cold", "files": 0}
     (root / "torch_compile_cache").mkdir()
     (root / "torch_compile_cache" / "artifact.bin").write_bytes(b"x")  # what a first server leaves behind
-    env, second = child_env(deploy.LocalProcessBackend(flat), tmp_path / "d2")
+    env, second = child_env(server_launch.LocalProcessBackend(flat), tmp_path / "d2")
     assert env["VLLM_CACHE_ROOT"] == str(root)
     assert second.launch_info["compile_cache"]["state"] == "warm" and second.launch_info["compile_cache"]["files"] == 1
-    prov = deploy.collect_provenance(flat, {"name": "baseline", "method": "baseline"}, deployment_id="d2",
+    prov = provenance.collect_provenance(flat, {"name": "baseline", "method": "baseline"}, deployment_id="d2",
                                      server=second, times=second.times())
     schemas.validate(prov, "provenance", "test")
     assert prov["compile_cache"]["state"] == "warm" and prov["launcher_env"]["VLLM_CACHE_ROOT"] == str(root)
@@ -95,14 +98,14 @@ def test_cache_root_is_shared_cold_then_warm_and_recorded(tmp_path, monkeypatch)
 
 
 def test_cache_root_unset_and_conflicts():
-    backend = deploy.LocalProcessBackend({"model": "m"})
+    backend = server_launch.LocalProcessBackend({"model": "m"})
     assert "VLLM_CACHE_ROOT" not in backend.added_env()
     state = backend.cache_state({"XDG_CACHE_HOME": "/nonexistent-xdg"})
     assert state == {"root": "/nonexistent-xdg/vllm", "source": "vLLM default", "state": "cold", "files": 0}
-    container = deploy.make_backend({"model": "m", "backend": "container", "container": {"image": "/i.sqsh"}})
+    container = server_launch.make_backend({"model": "m", "backend": "container", "container": {"image": "/i.sqsh"}})
     assert container.cache_state({})["state"] == "unknown"
-    with pytest.raises(deploy.ConfigError, match=r"'server.cache_root' \(/a\) and 'server.env.VLLM_CACHE_ROOT' \(/b\)"):
-        deploy.engine_settings({"model": "m", "cache_root": "/a", "env": {"VLLM_CACHE_ROOT": "/b"}})
+    with pytest.raises(config.ConfigError, match=r"'server.cache_root' \(/a\) and 'server.env.VLLM_CACHE_ROOT' \(/b\)"):
+        command.engine_settings({"model": "m", "cache_root": "/a", "env": {"VLLM_CACHE_ROOT": "/b"}})
     import yaml
 
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
@@ -140,28 +143,45 @@ ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 
-def test_deployment_record_carries_startup_phases_tp_and_cache_state(tmp_path):
+def test_deployment_record_carries_startup_phases_tp_and_cache_state(tmp_path, monkeypatch):
+    from specstudy import cell as cellmod
+    from specstudy.deployment_run import run_deployment
+    from test_deploy import fake_captures, job_spec
+
+    monkeypatch.chdir(tmp_path)
     script = tmp_path / "timed_server.py"
     script.write_text(TIMED_SERVER)
     exe = tmp_path / "fakepy"
     exe.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{script}" "$@"\n')
     exe.chmod(0o755)
-    cfg = {"model": str(tmp_path), "python": str(exe), "stop_grace_s": 3, "readiness_poll_s": 0.1,
-           "tensor_parallel_size": 4, "cache_root": str(tmp_path / "vllm-cache")}
+    fake_captures(monkeypatch)
+
+    def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, **k):
+        summary = {"keys": keys, "validity": {"valid": True, "reasons": []}}
+        cdir.mkdir(parents=True, exist_ok=True)
+        (cdir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(cellmod, "run_cell", run_cell)
+    engine = {"backend": "local", "python": str(exe),
+              "target": {"path": str(tmp_path), "served_model_name": "t", "tensor_parallel_size": 4, "max_model_len": 512},
+              "draft": {"path": str(tmp_path)},
+              "server": {"stop_grace_s": 3, "cache_root": str(tmp_path / "vllm-cache")}}
     arm = {"name": "draft-k3-tp2", "method": "draft_model", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}
-    with deploy.Deployment({**cfg, "draft_model": str(tmp_path)}, arm, results_dir=tmp_path / "results",
-                           phase="screen", rep=0, deployment_id="dep-t") as dep:
-        assert dep.ok, dep.failure
-    rec = dep.record()
+    out = tmp_path / "results" / "screen" / "draft-k3-tp2" / "rep1"
+    assert run_deployment(job_spec(tmp_path, arm, engine), out, results_root=tmp_path / "results") == 0
+    rec = json.loads((out / "deployment.json").read_text())
+    assert rec["status"] == "ok", rec["failure"]
     st = rec["startup"]
     assert st["cache"] == "cold" and st["log_clock"] is not None and st["log_clock"] != "unaligned"
-    assert st["launch"] == (dep.attempt_dir / "launch.log").read_text().split()[3].rstrip(":")
+    launch_log = out / "attempts" / rec["deployment_id"] / "launch.log"
+    assert st["launch"] == launch_log.read_text().split()[3].rstrip(":")
     ph = st["phases"]
     assert ph["weights"] == 0.3 and ph["compile"] is None and ph["graph_capture"] is None
     assert 0 <= ph["import"] <= 3.5 and 0 <= ph["api_server"] <= 2 and 0 <= ph["engine_init"] <= 2
     assert st["total_s"] >= 3.0 and sum(v for v in ph.values() if v is not None) == pytest.approx(st["total_s"], abs=1e-6)
     assert rec["tensor_parallel_size"] == {"target": 4, "draft": 2}
-    assert dep.provenance["tensor_parallel_size"] == {"target": 4, "draft": 2}
+    assert rec["provenance"]["tensor_parallel_size"] == {"target": 4, "draft": 2}
     schemas.validate(rec, "deployment", "record with start-up phases")
 
 

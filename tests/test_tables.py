@@ -254,7 +254,7 @@ def test_cli(tree):
 
 
 def test_confounds_read_the_launch_log_parser_shape():
-    """deploy.parse_launch_log records async scheduling as {enabled, method, source, statement}."""
+    """deployment.launchlog.parse_launch_log records async scheduling as {enabled, method, source, statement}."""
     from specstudy.tables import confound_fields
 
     row = confound_fields({"async_scheduling": {"enabled": False, "method": "ngram", "source": "log"}})

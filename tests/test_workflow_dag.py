@@ -81,7 +81,7 @@ def fake_screening(workdir: Path) -> None:
     """Write every screening output with increasing mtimes, as if screening had run."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from specstudy import plan as planmod
-    from specstudy.config import load_config
+    from specstudy.config import effective_config_files, load_config
 
     os.chdir(workdir)
     cfg = load_config("config/config.yaml")
@@ -91,6 +91,11 @@ def fake_screening(workdir: Path) -> None:
             os.utime(f, (old, old))
     write = json_writer(workdir, time.time() - 3000, 1)
 
+    for path, text in effective_config_files(cfg).items():  # written by rule effective_config
+        f = workdir / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+        os.utime(f, (old, old))
     write("results/models/fixture/models.json", {})
     for w, d in _corpus_dirs(workdir).items():
         write(f"{d}/corpus.json", {"name": w, "version": "1", "digest": "x" * 64})
@@ -168,6 +173,41 @@ def test_selection_refuses_after_preregistration_changed(workdir):
     out = proc.stdout + proc.stderr
     assert "pre-registration changed since screening started" in out
     assert "selection.retain_within: 0.05 -> 0.2" in out
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Every file of the workflow copy (not Snakemake's own .snakemake/) with its mtime."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".snakemake"]
+        for name in filenames:
+            f = Path(dirpath) / name
+            out[str(f.relative_to(root))] = f.stat().st_mtime_ns
+    return out
+
+
+def test_a_dry_run_writes_nothing(workdir):
+    """Parsing the workflow writes no file: no effective config, no quarantine (issue #17 item 1)."""
+    before = _files(workdir)
+    for target in ("all", "screen", "report"):
+        sm(workdir, "-n", target)
+    assert _files(workdir) == before
+    fake_screening(workdir)
+    report = workdir / "results" / "report" / "report.md"
+    report.parent.mkdir(parents=True)
+    report.write_text("# a report of an earlier selection\n")  # stale: selection.json is missing
+    before = _files(workdir)
+    for target in ("all", "confirm", "report", "results/selection/selection.json"):
+        sm(workdir, "-n", "-p", target)
+    assert _files(workdir) == before
+
+
+def test_the_deployment_job_reads_its_spec_from_the_plan(workdir):
+    """No inline spec on the command line: the plan, the deployment's key and the effective config."""
+    out = sm(workdir, "-n", "-p", "results/screen/ngram-k2/rep2/deployment.json").stdout
+    cmd = next(line for line in out.splitlines() if "specstudy deployment run" in line)
+    assert "--plan results/plan/screen.json --deployment screen/ngram-k2/rep2 --config results/.config/deployment-" in cmd
+    assert "{" not in cmd and "--spec" not in cmd
 
 
 def test_one_cell_is_rerun_by_asking_for_its_path(workdir):

@@ -18,7 +18,7 @@ COMMAND_MODULES = [
     "plan",
     "loadgen",
     "deployment_run",
-    "deploy",
+    "deployment.cli",
     "telemetry",
     "gate",
     "select",

@@ -78,6 +78,25 @@ def load_config(path: str | Path) -> dict:
     return check_config(cfg, str(path))
 
 
+#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search).
+DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity")
+
+
+def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str, str]:
+    """The workflow's effective config as content-addressed files, ``{path: text}`` (written by the
+    rule ``effective_config``, never while the workflow is parsed): ``<hash>.json`` holds the whole
+    config (plans, selection, report); ``deployment-<hash>.json`` only :data:`DEPLOYMENT_SECTIONS`, so
+    that a change elsewhere (analysis, report) does not re-run a capacity search."""
+    import hashlib
+    import json
+
+    out = {}
+    for prefix, data in (("", cfg), ("deployment-", {k: cfg[k] for k in DEPLOYMENT_SECTIONS if k in cfg})):
+        text = json.dumps(data, sort_keys=True, indent=1)
+        out[f"{root}/{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"] = text
+    return out
+
+
 def prereg_path(cfg: dict) -> Path:
     p = Path(cfg["study"]["preregistration"])
     return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p

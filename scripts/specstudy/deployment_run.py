@@ -13,44 +13,16 @@ Contract (docs/DESIGN.md, "Deployment job shape"):
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from . import atomic
-
-
-def engine_flat(engine: dict) -> dict:
-    """Map the study config's ``engine`` section onto the launcher's flat engine settings."""
-    target = engine["target"]
-    server = engine.get("server") or {}
-    key_env = server.get("api_key_env")
-    flat = {
-        "backend": engine.get("backend", "local"),
-        "python": engine.get("python"),
-        "model": target["path"],
-        "tokenizer": target.get("tokenizer") or target["path"],
-        "tensor_parallel_size": target.get("tensor_parallel_size", 1),
-        "max_model_len": target["max_model_len"],
-        "dtype": target.get("dtype"),
-        "chat_template": target.get("chat_template"),
-        "draft_model": (engine.get("draft") or {}).get("path"),
-        "gpu_memory_utilization": server.get("gpu_memory_utilization", 0.9),
-        "extra_args": list(server.get("extra_args") or []),
-        "env": dict(server.get("env") or {}),
-        "host": server.get("host", "127.0.0.1"),
-        "port": server.get("port"),
-        "readiness_timeout_s": server.get("ready_timeout_s", 900),
-        "stop_grace_s": server.get("stop_grace_s", 30),
-        "idle_timeout_s": server.get("idle_timeout_s"),
-        "cache_root": server.get("cache_root"),
-        "api_key": os.environ.get(key_env) if key_env else None,
-    }
-    if engine.get("container"):
-        flat["container"] = engine["container"]
-    return flat
+from . import atomic, prom, telemetry
+from .deployment import DeploymentError, launch, launchlog, provenance, readiness, records, utcnow
+from .deployment.spec import deployment_spec, engine_flat, fingerprint, fingerprint_context, load_settings
 
 
 def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
@@ -80,79 +52,6 @@ def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
         return int(settings[default_key] if value is None else value)
 
     return pick("requests_by_concurrency", "requests"), pick("warmup_requests_by_concurrency", "warmup_requests")
-
-
-# Settings that cannot change a measurement (where and how long to wait, how to reach the server).
-_OPERATIONAL_SERVER_KEYS = ("host", "port", "ready_timeout_s", "stop_grace_s", "idle_timeout_s", "api_key_env")
-_OPERATIONAL_CELL_KEYS = ("reuse_valid",)
-_HASH_LIMIT = 64 << 20  # files up to 64 MiB are hashed; larger ones (real weights) by name, size and mtime
-
-
-def model_identity(path: str | None) -> dict | None:
-    """What identifies a model directory's content: config.json's sha256 and every file's name, size
-    and (up to 64 MiB) sha256 — larger files by mtime. ``None`` when the path is not readable here."""
-    from .atomic import sha256_file
-
-    if not path:
-        return None
-    root = Path(path)
-    if not root.exists():
-        return {"path": str(path), "readable": False}
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    entries = []
-    for f in files:
-        st = f.stat()
-        entry = {"name": str(f.relative_to(root)) if f != root else f.name, "size": st.st_size}
-        if st.st_size <= _HASH_LIMIT:
-            entry["sha256"] = sha256_file(f)
-        else:
-            entry["mtime_ns"] = st.st_mtime_ns
-        entries.append(entry)
-    return {"path": str(path), "readable": True, "files": entries}
-
-
-def engine_identity(engine: dict) -> dict:
-    """The engine software a measurement ran on: the local interpreter's vLLM/torch versions, or the
-    container image (path, size, mtime). Collected once per deployment job."""
-    from . import deploy
-
-    if engine.get("backend", "local") == "container":
-        cont = engine.get("container") or {}
-        image = cont.get("image")
-        st = Path(image).stat() if image and Path(image).exists() else None
-        return {"backend": "container", "image": image, "image_size": st.st_size if st else None,
-                "image_mtime_ns": st.st_mtime_ns if st else None}
-    sw = deploy.server_software(engine.get("python"))
-    return {"backend": "local", **{k: sw.get(k) for k in ("python", "vllm", "vllm_distribution", "torch", "transformers")}}
-
-
-def fingerprint_context(spec: dict) -> dict:
-    """Everything of the deployment that can change a cell's measurement (computed once per job)."""
-    engine = spec["engine"]
-    server = {k: v for k, v in (engine.get("server") or {}).items() if k not in _OPERATIONAL_SERVER_KEYS}
-    arm = {k: v for k, v in spec["arm"].items() if k not in ("servable", "skip_reason")}
-    ctx = {
-        "arm": arm,
-        "engine": {"backend": engine.get("backend", "local"), "python": engine.get("python"),
-                   "target": engine["target"], "server": server, "container": engine.get("container")},
-        "engine_software": engine_identity(engine),
-        "target_identity": model_identity(engine["target"].get("path")),
-        "cell_settings": {k: v for k, v in spec["cell_settings"].items() if k not in _OPERATIONAL_CELL_KEYS},
-    }
-    if arm.get("method") == "draft_model":  # the draft is loaded only by draft arms
-        ctx["engine"]["draft"] = engine.get("draft")
-        ctx["draft_identity"] = model_identity((engine.get("draft") or {}).get("path"))
-    return ctx
-
-
-def _fingerprint(spec: dict, cell: dict, digest: str, context: dict | None = None) -> str:
-    """The cell fingerprint: the deployment's context (arm, engine settings and software, model
-    identities, every client setting) plus the cell's workload, concurrency and corpus digest."""
-    from .cell import cell_fingerprint
-
-    context = context if context is not None else fingerprint_context(spec)
-    return cell_fingerprint(dict(context, workload=cell["workload"], concurrency=int(cell["concurrency"]),
-                                 corpus_digest=digest))
 
 
 def _cell_rel(cell: dict) -> str:
@@ -204,260 +103,391 @@ def _rep_number(rep: str) -> int:
     return int(digits or 0)
 
 
+# --------------------------------------------------------------------------------------------------
+# The job: launch → ready → smoke captures → cells → stop
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    """What one deployment job knows and has done so far (shared by the steps of :func:`run_deployment`)."""
+
+    spec: dict
+    out: Path
+    results_root: Path
+    deployment_id: str
+    attempt: Path
+    eng: dict  # the launcher's flat engine settings (engine_flat)
+    progress: Any
+    lock: dict
+    smoke_prompts: list[dict]
+    smoke_corpus: dict
+    cells: list[dict] = field(default_factory=list)  # {cell, declared, corpus, fingerprint, reuse[, mismatch]}
+    cell_records: list[dict] = field(default_factory=list)
+    times: dict = field(default_factory=lambda: {"start": utcnow(), "ready": None, "stop": None})
+    # filled while the server lives
+    server: Any = None
+    readiness: dict | None = None
+    death: Any = None  # ServerDeathWatch once the server is ready
+    watchdog: Any = None
+    stage: str = "start"
+    status: str = "ok"
+    failure: dict | None = None
+    exit_code: int | None = None  # the server's exit code (DeploymentError), for the failure record
+    cancelled_code: int | None = None  # 128+signal once SIGTERM/SIGINT cancelled the job
+    captures: list[str] = field(default_factory=list)
+    cache_config: dict | None = None
+    stop_info: dict | None = None
+    # filled after the stop
+    confounds: dict | None = None
+    startup: dict | None = None
+    provenance: dict | None = None
+
+    @property
+    def arm(self) -> dict:
+        return self.spec["arm"]
+
+    @property
+    def settings(self) -> dict:
+        return self.spec["cell_settings"]
+
+    @property
+    def served(self) -> str:
+        return self.spec["engine"]["target"]["served_model_name"]
+
+    @property
+    def grace_s(self) -> float:
+        return float(self.eng["stop_grace_s"])
+
+    @property
+    def to_measure(self) -> list[dict]:
+        return [e for e in self.cells if e["reuse"] is None and "mismatch" not in e]
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_code is not None
+
+    def log(self, message: str) -> None:
+        self.progress.log(message)
+
+    def server_lost(self) -> bool:
+        """The server died, or the idle watchdog stopped it, under the job."""
+        return bool((self.death is not None and self.death.died) or (self.watchdog is not None and self.watchdog.fired))
+
+    def fail(self, stage: str, reason: str, message: str, exit_code: int | None = None) -> None:
+        self.status = "failed"
+        self.failure = {"stage": stage, "reason": reason, "message": message}
+        self.exit_code = exit_code
+
+
 def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = None, lock_path: str | None = None,
                    results_root: str | os.PathLike = "results") -> int:
-    from . import cell as cellmod
+    """Run one deployment (``spec``: :func:`deployment_spec`) and write its records; return the job's exit code.
+
+    0 also for a deployment that failed (a failure is data), 2 when the plan's selection does not
+    verify (nothing started), 128+signal when cancelled (outputs left missing so the study resumes).
+    """
+    plan = atomic.read_json(plan_path) if plan_path else {}
+    if spec["kind"] != "capacity" and not _selection_verified(plan, plan_path):
+        return 2
+    job = _open_job(spec, out, results_root, lock_path)
+    _prepare_cells(job, plan, plan_path)
+    if not job.to_measure and spec["kind"] != "capacity":
+        return _publish_without_server(job)
+    with readiness.stop_on_signals(lambda: job.server, grace_s=job.grace_s):
+        try:
+            if _launch_and_wait_ready(job):
+                _smoke_captures(job)
+                _measure(job)
+        except readiness.TerminatedBySignal as exc:
+            job.cancelled_code = 128 + exc.signum
+            job.fail("cancelled", "signal", f"job received signal {exc.signum}", job.cancelled_code)
+        except Exception:
+            if not job.server_lost():
+                raise
+            traceback.print_exc()  # the server died or was stopped as idle under it: a deployment failure
+        finally:
+            _stop(job)
+    return _write_records(job)
+
+
+def _selection_verified(plan: dict, plan_path: str | None) -> bool:
+    """A confirmation deployment runs only on the selection its plan was built from."""
+    if not plan.get("selection"):
+        return True
+    from .select import SelectionError, verify_selection
+
+    try:
+        verify_selection(plan["selection"]["path"], plan_path)
+    except SelectionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _open_job(spec: dict, out: str | os.PathLike, results_root: str | os.PathLike, lock_path: str | None) -> _Job:
     from . import corpus as corpusmod
-    from . import deploy, gate, telemetry
     from .progress import Progress
 
+    deployment_id = records.new_deployment_id(spec["phase"], spec["arm"]["name"], spec["rep"])
     out = Path(out)
-    results_root = Path(results_root)
-    arm = spec["arm"]
-    phase, rep = spec["phase"], spec["rep"]
-    eng = engine_flat(spec["engine"])
-    settings = spec["cell_settings"]
-    deployment_id = deploy.new_deployment_id(phase, arm["name"], rep)
     attempt = out / "attempts" / deployment_id
     attempt.mkdir(parents=True, exist_ok=True)
-    progress = Progress(deployment_id).start()
-    log = progress.log
-    log(f"deployment {deployment_id}: {len(spec['cells'])} cells, attempt dir {attempt}")
+    job = _Job(spec=spec, out=out, results_root=Path(results_root), deployment_id=deployment_id, attempt=attempt,
+               eng=engine_flat(spec["engine"]), lock=atomic.read_json(lock_path) if lock_path else {},
+               smoke_prompts=corpusmod.load_prompts(spec["smoke_corpus_dir"]),
+               smoke_corpus=_corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json")),
+               progress=Progress(deployment_id).start())
+    job.log(f"deployment {deployment_id}: {len(spec['cells'])} cells, attempt dir {attempt}")
+    return job
 
-    plan = atomic.read_json(plan_path) if plan_path else {}
-    lock = atomic.read_json(lock_path) if lock_path else {}
-    if plan.get("selection"):  # a confirmation deployment: only the selection the plan was built from
-        from .select import SelectionError, verify_selection
 
-        try:
-            verify_selection(plan["selection"]["path"], plan_path)
-        except SelectionError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+def _prepare_cells(job: _Job, plan: dict, plan_path: str | None) -> None:
+    """Every planned cell: corpus digest against the plan, fingerprint, an earlier valid result to reuse.
+    Reused cells are published now; cells whose corpus changed after planning are refused."""
     planned_digests = {k: v.get("digest") for k, v in (plan.get("corpora") or {}).items()}
-
-    # Cells: corpus check, fingerprint, reuse.
-    fp_context = fingerprint_context(spec)
-    cells = []
-    for c in spec["cells"]:
-        entry = {"cell": c, "declared": out / _cell_rel(c) / "summary.json"}
+    context = fingerprint_context(job.spec)
+    for c in job.spec["cells"]:
+        entry = {"cell": c, "declared": job.out / _cell_rel(c) / "summary.json"}
         cj = atomic.read_json(Path(c["corpus_dir"]) / "corpus.json")
         entry["corpus"] = _corpus_ref(cj)
         expected = planned_digests.get(c["corpus_dir"])
         if expected and expected != cj.get("digest"):
             entry["mismatch"] = (f"{c['corpus_dir']}: corpus digest {cj.get('digest')} differs from the plan's {expected} "
                                  f"({plan_path}); the corpus changed after planning — re-run the plan rule")
-        entry["fingerprint"] = _fingerprint(spec, c, cj.get("digest"), fp_context)
-        prev = _previous_valid(out, c, entry["fingerprint"]) if settings.get("reuse_valid", True) else None
-        entry["reuse"] = prev
-        cells.append(entry)
-    to_measure = [e for e in cells if e["reuse"] is None and "mismatch" not in e]
-    progress.total_requests = len(to_measure) * (int(settings["requests"]) + int(settings["warmup_requests"]))
-    previous = _previous_ok_record(out)
-    need_server = bool(to_measure) or spec["kind"] == "capacity"
-    cell_records = []
+        entry["fingerprint"] = fingerprint(job.spec, c, cj.get("digest"), context)
+        entry["reuse"] = (_previous_valid(job.out, c, entry["fingerprint"])
+                          if job.settings.get("reuse_valid", True) else None)
+        job.cells.append(entry)
+    job.progress.total_requests = len(job.to_measure) * (int(job.settings["requests"]) +
+                                                         int(job.settings["warmup_requests"]))
+    for e in job.cells:
+        if e["reuse"] is not None:
+            job.log(f"cell {_cell_rel(e['cell'])}: reusing valid result {e['reuse']}")
+            _publish_cell(job, e, e["reuse"], "reused")
+        elif "mismatch" in e:
+            _write_failed_cell(job, e, "corpus_mismatch", e["mismatch"])
 
-    def publish(entry: dict, summary_path: Path, status: str) -> None:
-        atomic.write_bytes(entry["declared"], summary_path.read_bytes())
-        if status == "reused":  # unchanged content keeps its time: nothing downstream of it looks out of date
-            st = summary_path.stat()
-            os.utime(entry["declared"], ns=(st.st_atime_ns, st.st_mtime_ns))
-        s = atomic.read_json(summary_path)
-        cell_records.append({"workload": entry["cell"]["workload"], "concurrency": int(entry["cell"]["concurrency"]),
+
+def _publish_cell(job: _Job, entry: dict, summary_path: Path, status: str) -> None:
+    atomic.write_bytes(entry["declared"], summary_path.read_bytes())
+    if status == "reused":  # unchanged content keeps its time: nothing downstream of it looks out of date
+        st = summary_path.stat()
+        os.utime(entry["declared"], ns=(st.st_atime_ns, st.st_mtime_ns))
+    s = atomic.read_json(summary_path)
+    job.cell_records.append({"workload": entry["cell"]["workload"], "concurrency": int(entry["cell"]["concurrency"]),
                              "summary": str(summary_path), "status": status,
                              "deployment_id": (s.get("keys") or {}).get("deployment_id")})
 
-    def write_failed(entry: dict, code: str, detail: str) -> None:
-        s = cellmod.failed_summary(_keys(spec, entry["cell"], deployment_id), entry["corpus"], code, detail,
-                                   fingerprint=entry["fingerprint"])
-        path = attempt / _cell_rel(entry["cell"]) / "summary.json"
-        atomic.write_json(path, s)
-        publish(entry, path, code)
 
-    for e in cells:
-        if e["reuse"] is not None:
-            log(f"cell {_cell_rel(e['cell'])}: reusing valid result {e['reuse']}")
-            publish(e, e["reuse"], "reused")
-        elif "mismatch" in e:
-            write_failed(e, "corpus_mismatch", e["mismatch"])
+def _write_failed_cell(job: _Job, entry: dict, code: str, detail: str) -> None:
+    from . import cell as cellmod
 
-    smoke_prompts = corpusmod.load_prompts(spec["smoke_corpus_dir"])
-    smoke_corpus = _corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json"))
-    times = {"start": deploy.utcnow(), "ready": None, "stop": None}
-    record_base = {"deployment_id": deployment_id, "phase": phase, "arm": arm, "rep": _rep_number(rep), "rep_label": rep,
-                   "tensor_parallel_size": {"target": int(eng.get("tensor_parallel_size") or 1),
-                                            "draft": arm.get("draft_tensor_parallel_size") if arm["method"] == "draft_model"
-                                            else None}}
+    s = cellmod.failed_summary(_keys(job.spec, entry["cell"], job.deployment_id), entry["corpus"], code, detail,
+                               fingerprint=entry["fingerprint"])
+    path = job.attempt / _cell_rel(entry["cell"]) / "summary.json"
+    atomic.write_json(path, s)
+    _publish_cell(job, entry, path, code)
 
-    if not need_server:
-        log("no cell to measure (all reused or refused); no server started")
-        rec = dict(previous or dict(record_base, schema="specstudy.deployment/1", status="ok", failure=None,
-                                    command=None, provenance=None, confounds=None, cache_config=None,
-                                    smoke={"captures": []}, times=times, kind=spec["kind"]))
-        rec["cells"] = cell_records
-        rec["reused_by"] = deployment_id
-        progress.close()
-        _write_record(out, attempt, rec)
-        return 0
 
-    server = None
-    watchdog = None
-    death = None  # ServerDeathWatch once the server is ready
-    stage_now = "start"
-    status, failure, command, provenance, confounds, cache_config, captures = "ok", None, None, None, None, None, []
-    startup = None
-    exit_code = 0
-    served = spec["engine"]["target"]["served_model_name"]
-    with deploy.stop_on_signals(lambda: server, grace_s=float(eng["stop_grace_s"])):
-        try:
-            try:
-                progress.phase("launch")
-                server, backend = deploy.launch(eng, arm, attempt_dir=attempt, served_model_name=served)
-                command = server.record_command
-                log(f"server starting: pid {server.pid} {server.base_url}")
-                deploy.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
-                times["ready"] = deploy.utcnow()
-                progress.end_phase()
-                log("server ready")
-                from .server_watch import ServerDeathWatch
+def _record_base(job: _Job) -> dict:
+    arm = job.arm
+    return {"schema": records.DEPLOYMENT_SCHEMA, "deployment_id": job.deployment_id, "phase": job.spec["phase"],
+            "arm": arm, "rep": _rep_number(job.spec["rep"]), "rep_label": job.spec["rep"], "kind": job.spec["kind"],
+            "tensor_parallel_size": {"target": int(job.eng.get("tensor_parallel_size") or 1),
+                                     "draft": arm.get("draft_tensor_parallel_size") if arm["method"] == "draft_model"
+                                     else None}}
 
-                death = ServerDeathWatch(server, grace_s=float(eng["stop_grace_s"]), log=log).start()
-                if eng.get("idle_timeout_s"):
-                    watchdog = deploy.IdleWatchdog(server, float(eng["idle_timeout_s"]), grace_s=float(eng["stop_grace_s"]),
-                                                   metrics_url=server.base_url + "/metrics",
-                                                   api_key=eng.get("api_key")).start()
-            except deploy.DeploymentError as exc:
-                status = "failed"
-                failure = {"stage": exc.stage, "reason": exc.reason, "message": str(exc)}
-                log(f"deployment failed at {exc.stage}: {exc}")
-            if status == "ok":
-                stage_now = "smoke"
-                for i in (1, 2):
-                    progress.phase("smoke", f"capture {i}/2 ({len(smoke_prompts)} prompts)")
-                    cap = attempt / "smoke" / f"capture-{i}.json"
-                    gate.capture_greedy(server.base_url, served, smoke_prompts, cap, deployment_id=deployment_id,
-                                        arm=arm["name"], capture_index=i, corpus=smoke_corpus,
-                                        seed=settings.get("seed"), api_key=eng.get("api_key"))
-                    captures.append(str(cap))
-                progress.end_phase()
-                cache_config, _ = deploy.fetch_cache_config(server.base_url, api_key=eng.get("api_key"))
-                _pin_client(settings.get("client_cpus"), log)
-                stage_now = "cells"
-                if spec["kind"] == "capacity":
-                    log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
-                    progress.phase("capacity")
-                    _run_capacity(spec, server, served, eng, {"arm": arm, "cache_config": cache_config,
-                                                              "confounds": deploy.parse_launch_log(log_text)}, out,
-                                  attempt, progress=progress, alive=death.alive)
-                    progress.end_phase()
-                for n_cell, e in enumerate(to_measure, 1):
-                    if watchdog is not None:
-                        watchdog.touch()
-                    c = e["cell"]
-                    cdir = attempt / _cell_rel(c)
-                    prompts = corpusmod.load_prompts(c["corpus_dir"])
-                    n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
-                    reqs = _request_specs(prompts, n_requests, c["workload"])
-                    warm = _request_specs(prompts, n_warmup, c["workload"])
-                    if not death.alive():
-                        break  # the rest are marked deployment_failed below
-                    sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
-                                                         pgid=server.pgid, api_key=eng.get("api_key"))
-                    log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
-                    progress.set_context(f"cell {n_cell}/{len(to_measure)} {c['workload']} c{c['concurrency']}")
-                    try:
-                        summary = cellmod.run_cell(
-                            server.base_url, served, reqs, warm, int(c["concurrency"]), cdir,
-                            keys=_keys(spec, c, deployment_id), corpus=e["corpus"],
-                            metrics_url=server.base_url + "/metrics", fingerprint=e["fingerprint"],
-                            api_key=eng.get("api_key"), sampler=sampler,
-                            drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
-                            temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
-                            request_timeout_s=float(settings.get("request_timeout_s", 600)),
-                            limits=settings.get("client_limits"), progress=progress, alive=death.alive)
-                    except Exception as exc:  # a broken cell is data; the deployment goes on
-                        progress.end_phase()
-                        traceback.print_exc()
-                        if not death.alive():
-                            write_failed(e, "deployment_failed", _died_message(death, deployment_id, cdir))
-                            break
-                        write_failed(e, "cell_error", f"{type(exc).__name__}: {exc}")
-                        continue
-                    if not death.alive():  # the server died during this cell: its numbers are not a measurement
-                        write_failed(e, "deployment_failed", _died_message(death, deployment_id, cdir))
-                        break
-                    v = summary.get("validity") or {}
-                    log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
-                    publish(e, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
-        except deploy.TerminatedBySignal as exc:
-            status = "failed"
-            failure = {"stage": "cancelled", "reason": "signal", "message": f"job received signal {exc.signum}"}
-            exit_code = 128 + exc.signum
-        except Exception:
-            if not ((death is not None and death.died) or (watchdog is not None and watchdog.fired)):
-                raise
-            traceback.print_exc()  # the server died or was stopped as idle under it: a deployment failure, below
-        finally:
-            if death is not None:
-                death.close()
-                if death.died and status == "ok":
-                    status = "failed"
-                    failure = {"stage": stage_now, "reason": "exited",
-                               "message": f"server exited with code {death.exit_code} at {death.died_at} during "
-                                          f"{stage_now}; its process group was stopped at once"}
-            if watchdog is not None:
-                watchdog.close()
-                if watchdog.fired:
-                    status = "failed"
-                    failure = {"stage": "idle_watchdog", "reason": "idle_timeout",
-                               "message": f"server idle for more than {eng['idle_timeout_s']} s; stopped by the watchdog"}
-            progress.set_context("")
-            progress.phase("stop")
-            stop_info = server.stop(grace_s=float(eng["stop_grace_s"])) if server is not None else None
-            times["stop"] = deploy.utcnow()
-            progress.end_phase()
-            log_path = attempt / "launch.log"
-            log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
-            confounds = deploy.parse_launch_log(log_text) if log_text else None
-            startup = None
-            if log_text:
-                info = getattr(server, "launch_info", None) or {}
-                startup = deploy.startup_phases(log_text, ready=times["ready"], confounds=confounds,
-                                                cache=(info.get("compile_cache") or {}).get("state"))
-            try:
-                provenance = deploy.collect_provenance(eng, arm, deployment_id=deployment_id, server=server, command=command,
-                                                       corpus={"smoke": smoke_corpus,
-                                                               **{e["cell"]["workload"]: e["corpus"] for e in cells}},
-                                                       launch_log=log_path if log_path.exists() else None, times=times)
-            except Exception:  # provenance must never lose the measurements
-                traceback.print_exc()
-                provenance = None
-            if stop_info:
-                log(f"server stopped: {stop_info}")
-            progress.close()
 
-    if status == "failed":
-        fpath = deploy.write_failure_record(results_root, phase=phase, arm=arm, rep=rep,
-                                            deployment_id=deployment_id, stage=failure["stage"],
-                                            reason=failure["reason"], log_path=attempt / "launch.log",
-                                            command=command, message=failure.get("message"), provenance=provenance,
-                                            confounds=confounds, times=times, secrets=getattr(server, "secrets", ()))
-        failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))
-        for e in to_measure if not exit_code else []:  # cancelled: leave the cells missing so the study resumes
-            if not any(r["workload"] == e["cell"]["workload"] and r["concurrency"] == int(e["cell"]["concurrency"])
-                       for r in cell_records):
-                write_failed(e, "deployment_failed", f"deployment {deployment_id} failed at {failure['stage']}: "
-                             f"{failure.get('reason')} (see {fpath})")
-    rec = dict(record_base, schema="specstudy.deployment/1", status=status, failure=failure, command=command, provenance=provenance,
-               confounds=confounds, startup=startup, cache_config=cache_config, smoke={"captures": captures}, cells=cell_records,
-               times=times, prereg_sha256=lock.get("sha256"), kind=spec["kind"], block=spec.get("block"),
-               order=spec.get("order"), phases=progress.timeline())
-    if status != "ok" and previous is not None and not captures:
+def _publish_without_server(job: _Job) -> int:
+    """Every cell reused or refused: no server; the previous ok record (its smoke captures) is republished."""
+    job.log("no cell to measure (all reused or refused); no server started")
+    rec = dict(_previous_ok_record(job.out) or dict(_record_base(job), status="ok", failure=None, command=None,
+                                                    provenance=None, confounds=None, cache_config=None,
+                                                    smoke={"captures": []}, times=job.times))
+    rec["cells"] = job.cell_records
+    rec["reused_by"] = job.deployment_id
+    job.progress.close()
+    _write_record(job.out, job.attempt, rec)
+    return 0
+
+
+def _launch_and_wait_ready(job: _Job) -> bool:
+    """Start the server and wait until it serves; then watch it (death watch, idle watchdog).
+    A server that never becomes ready is a failed deployment (False), not an error of the job."""
+    from .server_watch import ServerDeathWatch
+
+    try:
+        job.progress.phase("launch")
+        job.server, _backend = launch.start_server(job.eng, job.arm, attempt_dir=job.attempt, served_model_name=job.served)
+        job.log(f"server starting: pid {job.server.pid} {job.server.base_url}")
+        job.readiness = readiness.wait_ready(job.server, timeout_s=float(job.eng["readiness_timeout_s"]))
+        job.times["ready"] = utcnow()
+        job.progress.end_phase()
+        job.log("server ready")
+    except DeploymentError as exc:
+        job.fail(exc.stage, exc.reason, str(exc), exc.exit_code)
+        job.log(f"deployment failed at {exc.stage}: {exc}")
+        return False
+    job.death = ServerDeathWatch(job.server, grace_s=job.grace_s, log=job.log).start()
+    if job.eng.get("idle_timeout_s"):
+        job.watchdog = readiness.IdleWatchdog(job.server, float(job.eng["idle_timeout_s"]), grace_s=job.grace_s,
+                                              metrics_url=job.server.base_url + "/metrics",
+                                              api_key=job.eng.get("api_key")).start()
+    return True
+
+
+def _smoke_captures(job: _Job) -> None:
+    """Two greedy captures of the smoke corpus (the correctness gate compares them across arms)."""
+    from . import gate
+
+    job.stage = "smoke"
+    prompts = job.smoke_prompts
+    for i in (1, 2):
+        job.progress.phase("smoke", f"capture {i}/2 ({len(prompts)} prompts)")
+        cap = job.attempt / "smoke" / f"capture-{i}.json"
+        gate.capture_greedy(job.server.base_url, job.served, prompts, cap, deployment_id=job.deployment_id,
+                            arm=job.arm["name"], capture_index=i, corpus=job.smoke_corpus,
+                            seed=job.settings.get("seed"), api_key=job.eng.get("api_key"))
+        job.captures.append(str(cap))
+    job.progress.end_phase()
+
+
+def _measure(job: _Job) -> None:
+    """The capacity search (capacity jobs), then the cells strictly in planned order."""
+    job.cache_config, _ = prom.fetch_kv_cache_config(job.server.base_url, api_key=job.eng.get("api_key"))
+    _pin_client(job.settings.get("client_cpus"), job.log)
+    job.stage = "cells"
+    if job.spec["kind"] == "capacity":
+        log_text = (job.attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
+        job.progress.phase("capacity")
+        _run_capacity(job.spec, job.server, job.served, job.eng,
+                      {"arm": job.arm, "cache_config": job.cache_config,
+                       "confounds": launchlog.parse_launch_log(log_text)},
+                      job.out, job.attempt, progress=job.progress, alive=job.death.alive)
+        job.progress.end_phase()
+    to_measure = job.to_measure
+    for n, entry in enumerate(to_measure, 1):
+        if not _measure_cell(job, entry, n, len(to_measure)):
+            break  # the server died: the rest are marked deployment_failed when the records are written
+
+
+def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
+    """One cell on the live server; a broken cell is data. False when the server died (stop measuring)."""
+    from . import cell as cellmod
+    from . import corpus as corpusmod
+
+    if job.watchdog is not None:
+        job.watchdog.touch()
+    c, settings, server = entry["cell"], job.settings, job.server
+    cdir = job.attempt / _cell_rel(c)
+    prompts = corpusmod.load_prompts(c["corpus_dir"])
+    n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
+    reqs = _request_specs(prompts, n_requests, c["workload"])
+    warm = _request_specs(prompts, n_warmup, c["workload"])
+    if not job.death.alive():
+        return False
+    sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
+                                         pgid=server.pgid, api_key=job.eng.get("api_key"))
+    job.log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
+    job.progress.set_context(f"cell {n}/{total} {c['workload']} c{c['concurrency']}")
+    try:
+        summary = cellmod.run_cell(
+            server.base_url, job.served, reqs, warm, int(c["concurrency"]), cdir,
+            keys=_keys(job.spec, c, job.deployment_id), corpus=entry["corpus"],
+            metrics_url=server.base_url + "/metrics", fingerprint=entry["fingerprint"],
+            api_key=job.eng.get("api_key"), sampler=sampler,
+            drain_timeout_s=float(settings.get("drain_timeout_s", 120)),
+            temperature=float(settings.get("temperature", 0.0)), seed=settings.get("seed"),
+            request_timeout_s=float(settings.get("request_timeout_s", 600)),
+            limits=settings.get("client_limits"), progress=job.progress, alive=job.death.alive)
+    except Exception as exc:  # a broken cell is data; the deployment goes on
+        job.progress.end_phase()
+        traceback.print_exc()
+        if not job.death.alive():
+            _write_failed_cell(job, entry, "deployment_failed", _died_message(job.death, job.deployment_id, cdir))
+            return False
+        _write_failed_cell(job, entry, "cell_error", f"{type(exc).__name__}: {exc}")
+        return True
+    if not job.death.alive():  # the server died during this cell: its numbers are not a measurement
+        _write_failed_cell(job, entry, "deployment_failed", _died_message(job.death, job.deployment_id, cdir))
+        return False
+    v = summary.get("validity") or {}
+    job.log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
+    _publish_cell(job, entry, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
+    return True
+
+
+def _stop(job: _Job) -> None:
+    """Stop the server group (always), note why it may have gone early, read the launch log, collect provenance."""
+    if job.death is not None:
+        job.death.close()
+        if job.death.died and job.status == "ok":
+            job.fail(job.stage, "exited", f"server exited with code {job.death.exit_code} at {job.death.died_at} "
+                                          f"during {job.stage}; its process group was stopped at once",
+                     job.death.exit_code)
+    if job.watchdog is not None:
+        job.watchdog.close()
+        if job.watchdog.fired:
+            job.fail("idle_watchdog", "idle_timeout",
+                     f"server idle for more than {job.eng['idle_timeout_s']} s; stopped by the watchdog")
+    job.progress.set_context("")
+    job.progress.phase("stop")
+    job.stop_info = job.server.stop(grace_s=job.grace_s) if job.server is not None else None
+    job.times["stop"] = utcnow()
+    job.progress.end_phase()
+    log_path = job.attempt / "launch.log"
+    log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+    if log_text:
+        job.confounds = launchlog.parse_launch_log(log_text)
+        info = getattr(job.server, "launch_info", None) or {}
+        job.startup = launchlog.startup_phases(log_text, ready=job.times["ready"], confounds=job.confounds,
+                                               cache=(info.get("compile_cache") or {}).get("state"))
+    try:
+        job.provenance = provenance.collect_provenance(
+            job.eng, job.arm, deployment_id=job.deployment_id, server=job.server,
+            command=job.server.record_command if job.server is not None else None,
+            corpus={"smoke": job.smoke_corpus, **{e["cell"]["workload"]: e["corpus"] for e in job.cells}},
+            launch_log=log_path if log_path.exists() else None, times=job.times)
+    except Exception:  # provenance must never lose the measurements
+        traceback.print_exc()
+        job.provenance = None
+    if job.provenance is not None:  # how the server became ready and how it was stopped
+        job.provenance.update({k: v for k, v in (("readiness", job.readiness), ("stop", job.stop_info)) if v})
+    if job.stop_info:
+        job.log(f"server stopped: {job.stop_info}")
+    job.progress.close()
+
+
+def _write_records(job: _Job) -> int:
+    """The failure record (a failed deployment), the cells it could not measure, the deployment record."""
+    if job.status == "failed":
+        fpath = records.write_failure_record(
+            job.results_root, phase=job.spec["phase"], arm=job.arm, rep=job.spec["rep"],
+            deployment_id=job.deployment_id, stage=job.failure["stage"], reason=job.failure["reason"],
+            log_path=job.attempt / "launch.log", command=job.server.record_command if job.server is not None else None,
+            exit_code=job.exit_code, message=job.failure.get("message"), provenance=job.provenance,
+            confounds=job.confounds, times=job.times, secrets=getattr(job.server, "secrets", ()))
+        job.failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))
+        if not job.cancelled:  # cancelled: leave the cells missing so the study resumes
+            done = {(r["workload"], r["concurrency"]) for r in job.cell_records}
+            for e in job.to_measure:
+                if (e["cell"]["workload"], int(e["cell"]["concurrency"])) not in done:
+                    _write_failed_cell(job, e, "deployment_failed",
+                                       f"deployment {job.deployment_id} failed at {job.failure['stage']}: "
+                                       f"{job.failure.get('reason')} (see {fpath})")
+    rec = dict(_record_base(job), status=job.status, failure=job.failure,
+               command=job.server.record_command if job.server is not None else None, provenance=job.provenance,
+               confounds=job.confounds, startup=job.startup, cache_config=job.cache_config,
+               smoke={"captures": job.captures}, cells=job.cell_records, times=job.times,
+               prereg_sha256=job.lock.get("sha256"), block=job.spec.get("block"), order=job.spec.get("order"),
+               phases=job.progress.timeline())
+    previous = _previous_ok_record(job.out)
+    if job.status != "ok" and previous is not None and not job.captures:
         rec["smoke"] = previous.get("smoke", {"captures": []})
-    _write_record(out, attempt, rec, publish=not exit_code)
-    if exit_code:
-        log(f"deployment {deployment_id} cancelled; exiting {exit_code}")
-    return exit_code
+    _write_record(job.out, job.attempt, rec, publish=not job.cancelled)
+    if job.cancelled:
+        job.log(f"deployment {job.deployment_id} cancelled; exiting {job.cancelled_code}")
+        return job.cancelled_code
+    return 0
 
 
 def _died_message(death, deployment_id: str, cdir: Path) -> str:
@@ -522,13 +552,14 @@ def publish_capacity(work: Path, out: Path) -> None:
 
 
 def _cmd_run(args) -> int:
-    spec = json.loads(args.spec)
+    spec = deployment_spec(atomic.read_json(args.plan), args.deployment, load_settings(args.config))
     # Line-buffered: Snakemake sends stdout to the job log, and `tail -f` must show lines as they come.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+    print(f"deployment {args.deployment} of {args.plan}", flush=True)
     try:
-        return run_deployment(spec, args.out, args.plan, args.lock)
+        return run_deployment(spec, args.out, None if spec["kind"] == "capacity" else args.plan, args.lock)
     finally:
         sys.stdout.flush()
 
@@ -536,10 +567,13 @@ def _cmd_run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("deployment", help="deployment jobs")
     dsub = p.add_subparsers(dest="deployment_command", required=True)
-    r = dsub.add_parser("run", help="run one deployment: launch, readiness, smoke captures, cells, stop")
-    r.add_argument("--spec", required=True, help="deployment spec JSON (built by rules/common.smk)")
+    r = dsub.add_parser("run", help="run one deployment of a plan: launch, readiness, smoke captures, cells, stop")
+    r.add_argument("--plan", required=True, help="the plan JSON (results/plan/<phase>.json): what to run, and the "
+                   "corpus digests the cells must match; for capacity/<arm>/rep1 the confirmation plan")
+    r.add_argument("--deployment", required=True, help="the plan's deployment <phase>/<arm>/<rep>, e.g. "
+                   "screen/draft-k3-tp4/rep1 (or capacity/<arm>/rep1 for an arm's capacity search)")
+    r.add_argument("--config", required=True, help="the effective study config (results/.config/<hash>.json): "
+                   "engine, cell settings, corpora")
     r.add_argument("--out", required=True, help="results/<phase>/<arm>/<rep>")
-    r.add_argument("--plan", help="plan JSON (corpus digests the cells must match)")
     r.add_argument("--lock", help="pre-registration lock JSON")
     r.set_defaults(func=_cmd_run)
-

@@ -20,11 +20,7 @@ def explain(exc: BaseException) -> str | None:
     from . import atomic, config, schemas
     from .corpus import CorpusError
 
-    try:
-        from .deploy import ConfigError as DeployConfigError
-    except ImportError:  # pragma: no cover
-        DeployConfigError = config.ConfigError
-    if isinstance(exc, (UserError, atomic.BadFile, config.ConfigError, CorpusError, DeployConfigError, schemas.ValidationError)):
+    if isinstance(exc, (UserError, atomic.BadFile, config.ConfigError, CorpusError, schemas.ValidationError)):
         return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename or exc}: file not found. Check the path (relative paths are relative to {_cwd()})."

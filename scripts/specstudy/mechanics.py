@@ -450,7 +450,11 @@ def _cmd_spec(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    spec = json.loads(args.spec)
+    from .deployment.spec import corpus_dirs, load_settings
+
+    study = load_settings(args.config)
+    m = load_mechanics(args.mechanics, study)
+    spec = arm_spec(study, m, args.arm, args.smoke_corpus_dir or corpus_dirs(study)["smoke"])
     rec = run_arm(spec, args.out)
     code = rec.get("exit_code") or 0
     return code if code >= 128 else 0   # cancelled (signal): fail the job so that a re-run resumes it
@@ -483,7 +487,10 @@ def register(sub) -> None:
     s.add_argument("--smoke-corpus-dir", required=True)
     s.set_defaults(func=_cmd_spec)
     r = msub.add_parser("run", help="run one mechanics arm (one deployment); a failure is recorded, exit 0")
-    r.add_argument("--spec", required=True, help="arm spec JSON (rules/mechanics.smk or `specstudy mechanics spec`)")
+    r.add_argument("--config", required=True, help="the study config (YAML, or the workflow's effective JSON)")
+    r.add_argument("--mechanics", required=True, help="the mechanics config (config/gpu-h200-mechanics.yaml)")
+    r.add_argument("--arm", required=True, help="mechanics label, e.g. self-draft-k3 (its spec: `specstudy mechanics spec`)")
+    r.add_argument("--smoke-corpus-dir", help="default: the study's smoke corpus under results/corpora/")
     r.add_argument("--out", required=True, help="results/mechanics/<label>/rep1")
     r.set_defaults(func=_cmd_run)
     c = msub.add_parser("corpus", help="derive the fixed-max_tokens corpus of the mechanics point")

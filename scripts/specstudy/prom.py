@@ -1,6 +1,8 @@
 """vLLM ``/metrics`` (Prometheus text) parsing, counter deltas, reset/restart detection.
 
-Everything here is a pure function of the scraped text except :func:`fetch_metrics`.
+Everything here is a pure function of the scraped text except :func:`fetch_metrics` (the one place that
+GETs ``/metrics``) and :func:`fetch_kv_cache_config`. Every reader of ``/metrics`` (cells, the deployment
+job, the idle watchdog, telemetry, the capacity search) parses through :func:`parse`.
 Definitions are documented in ``docs/metrics.md``; the short version:
 
 * A *series* is one sample name plus one label set. A *counter delta* of a metric is
@@ -238,6 +240,43 @@ def cache_config(snapshot: str | Snapshot) -> dict | None:
     return {k: conv(v) for k, v in found[0].labels}
 
 
+def kv_cache_config(snapshot: str | Snapshot) -> dict | None:
+    """``vllm:cache_config_info`` as a deployment records it: GPU blocks, block size, KV-cache tokens
+    (``kv_cache_size_tokens``, else blocks × block size), concurrency, memory and the raw labels.
+
+    None when the scrape has no such series or is not valid Prometheus text."""
+    try:
+        snap = _as_snapshot(snapshot)
+    except MetricsParseError:
+        return None
+    found = snap.series(CACHE_CONFIG)
+    if not found:
+        return None
+    labels = found[0].label_dict
+
+    def num(key: str) -> int | float | None:
+        v = labels.get(key)
+        if v in (None, "None"):
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return None
+
+    blocks, block_size, tokens = num("num_gpu_blocks"), num("block_size"), num("kv_cache_size_tokens")
+    if tokens is None and blocks is not None and block_size is not None:
+        tokens = blocks * block_size
+    return {"num_gpu_blocks": blocks, "block_size": block_size, "kv_cache_tokens": tokens,
+            "kv_cache_max_concurrency": num("kv_cache_max_concurrency"),
+            "kv_cache_memory_bytes": num("kv_cache_memory_bytes"),
+            "gpu_memory_utilization": num("gpu_memory_utilization"),
+            "enable_prefix_caching": labels.get("enable_prefix_caching"),
+            "cache_dtype": labels.get("cache_dtype"), "labels": labels}
+
+
 def spec_counters(snapshot: str | Snapshot) -> dict | None:
     """Raw cumulative speculative-decoding counters of one scrape, or None if not exported."""
     snap = _as_snapshot(snapshot)
@@ -307,17 +346,31 @@ def server_deltas(before: str | Snapshot, after: str | Snapshot) -> dict:
     }
 
 
-def fetch_metrics(url: str, timeout: float = 10.0) -> str:
-    """GET ``url`` and return the body; raise :class:`MetricsUnavailable` naming the URL and cause."""
+def fetch_metrics(url: str, timeout: float = 10.0, api_key: str | None = None) -> str:
+    """GET ``url`` (a server's ``/metrics``) and return the body; raise :class:`MetricsUnavailable`
+    naming the URL and cause. ``api_key``: sent as a bearer token (a server started with ``--api-key``)."""
+    headers = {"Accept": "text/plain"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/plain"}), timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
             status = getattr(r, "status", 200)
             body = r.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise MetricsUnavailable(f"GET {url}: HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise MetricsUnavailable(f"GET {url}: {type(exc).__name__}: {reason} (is the server up and --metrics exposed?)") from exc
     if status != 200:
         raise MetricsUnavailable(f"GET {url}: HTTP {status}")
     return body
+
+
+def fetch_kv_cache_config(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> tuple[dict | None, str | None]:
+    """Scrape ``<base_url>/metrics`` once: (:func:`kv_cache_config`, the raw text); (None, None) when
+    the server cannot be scraped."""
+    try:
+        text = fetch_metrics(base_url.rstrip("/") + "/metrics", timeout=timeout, api_key=api_key)
+    except MetricsUnavailable:
+        return None, None
+    return kv_cache_config(text), text

@@ -13,7 +13,7 @@ A deployment record (``deployment.json``, schema ``deployment``) carries the eng
   server is ready (``deploy.parse_cache_config_info``): ``kv_cache_tokens`` (vLLM's ``kv_cache_size_tokens``
   label, else ``num_gpu_blocks × block_size``);
 - ``"log"``: ``confounds.kv_cache.tokens``, the launch log's ``GPU KV cache size: N tokens``
-  (``deploy.parse_launch_log``).
+  (``deployment.launchlog.parse_launch_log``).
 
 They agree for a model with one KV-cache group; the report shows both (the tables' ``kv_cache_tokens`` and
 ``kv_log_tokens``). :func:`kv_cache_tokens` reads them in the order its caller asks for: the tables and the
@@ -235,7 +235,7 @@ class TensorParallel(msgspec.Struct):
 class DeploymentRecord(msgspec.Struct):
     """``<phase>/<arm>/<rep>/deployment.json`` (schema ``deployment``; deployment_run) and
     ``deployment-failures/<phase>/<arm>/<rep>/<id>/failure.json`` (schema ``deployment-failure``;
-    deploy.write_failure_record), which has no cache_config, cells or start-up."""
+    deployment.records.write_failure_record), which has no cache_config, cells or start-up."""
 
     deployment_id: str
     phase: str

@@ -312,7 +312,7 @@ def confound_fields(confounds: dict | None, cache_config: dict | None = None) ->
     cc = cache_config or {}
     kv = kv_cache_tokens({"confounds": c, "cache_config": cc})
     raw_async = c.get("async_scheduling")
-    if isinstance(raw_async, dict):  # deploy.parse_launch_log: {enabled, method, source, statement}
+    if isinstance(raw_async, dict):  # deployment.launchlog.parse_launch_log: {enabled, method, source, statement}
         raw_async = raw_async.get("enabled")
     async_sched = _bool(raw_async)
     return {
@@ -590,7 +590,7 @@ def _kind_of(label: str) -> str:
 
 def failure_record(ddir: Path) -> DeploymentRecord:
     """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory: its
-    ``failure.json`` (deploy.write_failure_record), or, where the job died between copying the launch log and
+    ``failure.json`` (deployment.records.write_failure_record), or, where the job died between copying the launch log and
     writing the record, a record that says so."""
     if (ddir / "failure.json").exists():
         return _read(read_deployment, ddir / "failure.json")

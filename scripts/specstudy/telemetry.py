@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from . import prom
 
 VLLM_SERIES = {
     "vllm:num_requests_running": "vllm.num_requests_running",
@@ -42,26 +43,19 @@ VLLM_SERIES = {
     "vllm:num_preemptions_total": "vllm.num_preemptions_total",
 }
 COUNTER_SERIES = {"vllm.num_preemptions_total"}
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 GPU_FIELDS = [("utilization.gpu", "utilization_pct"), ("memory.used", "memory_used_mib"),
               ("power.draw", "power_w"), ("clocks.sm", "sm_clock_mhz")]
 
 
-def parse_vllm_gauges(text: str) -> dict[str, float]:
-    """Sum the tracked vLLM gauges/counters over all label sets of a /metrics scrape."""
+def parse_vllm_gauges(text: str | prom.Snapshot) -> dict[str, float]:
+    """Sum the tracked vLLM gauges/counters over all label sets of a /metrics scrape (parsed by
+    :func:`specstudy.prom.parse`); an unparsable scrape raises :class:`specstudy.prom.MetricsParseError`."""
+    snap = prom.parse(text) if isinstance(text, str) else text
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        m = _SAMPLE_RE.match(line)
-        if not m or m.group(1) not in VLLM_SERIES:
-            continue
-        try:
-            val = float(m.group(3))
-        except ValueError:
-            continue
-        key = VLLM_SERIES[m.group(1)]
-        out[key] = out.get(key, 0.0) + val
+    for name, key in VLLM_SERIES.items():
+        value = prom.total(snap, name)
+        if value is not None:
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -384,16 +378,11 @@ class TelemetrySampler:
     def _scrape(self) -> dict[str, float]:
         if not self.metrics_url:
             return {}
-        import urllib.request
-
-        req = urllib.request.Request(self.metrics_url)
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
-            with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
-                return parse_vllm_gauges(resp.read().decode("utf-8", errors="replace"))
-        except (OSError, ValueError) as exc:
-            key = f"metrics: {type(exc).__name__}"
+            return parse_vllm_gauges(prom.fetch_metrics(self.metrics_url, timeout=self.http_timeout_s,
+                                                        api_key=self.api_key))
+        except (prom.MetricsUnavailable, prom.MetricsParseError) as exc:
+            key = f"metrics: {type(exc.__cause__ or exc).__name__}"
             self._errors[key] = self._errors.get(key, 0) + 1
             return {}
 

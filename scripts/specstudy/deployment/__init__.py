@@ -1,0 +1,40 @@
+"""One vLLM server per (phase, arm, rep) attempt: the deployment job's building blocks, by concept.
+
+The job itself is :func:`specstudy.deployment_run.run_deployment` (launch → ready → smoke captures →
+cells → stop). What it calls lives here:
+
+- :mod:`.command` — engine settings, arm validation, the vLLM argument list (``--speculative-config``
+  is the only thing that differs between arms);
+- :mod:`.launch` — backends (:class:`~.launch.LocalProcessBackend`, :class:`~.launch.ContainerBackend`
+  for Clariden's ``srun --environment``), the :class:`~.launch.Server` handle, process-group stop,
+  the launcher's environment and :func:`~.launch.start_server`;
+- :mod:`.readiness` — :func:`~.readiness.wait_ready`, the :class:`~.readiness.IdleWatchdog`,
+  :func:`~.readiness.stop_on_signals`;
+- :mod:`.launchlog` — the engine's own log: confounds (:func:`~.launchlog.parse_launch_log`),
+  start-up phases, error excerpts and failure classification;
+- :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
+- :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
+- :mod:`.spec` — a deployment job's spec from the plan and the config, engine settings, cell fingerprints;
+- :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);
+- :mod:`.cli` — ``specstudy deploy-command`` and ``specstudy deploy-confounds``.
+
+``/metrics`` is fetched and parsed in one place, :mod:`specstudy.prom`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+class DeploymentError(RuntimeError):
+    """A deployment could not be built, started or made ready; ``stage`` and ``reason`` classify it."""
+
+    def __init__(self, message: str, *, stage: str = "start", reason: str = "error", exit_code: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

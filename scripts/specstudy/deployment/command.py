@@ -1,0 +1,167 @@
+"""Engine settings, arm specs and the vLLM OpenAI-server command of an arm.
+
+Every controlled setting comes from the engine config and is identical across arms; only
+``--speculative-config`` differs (:func:`strip_speculative` proves it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import arms as _arms
+from ..config import ConfigError
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "backend": "local",
+    "python": None,  # local: interpreter with vLLM (default: the harness's own); container: "python3"
+    "host": "127.0.0.1",
+    "tensor_parallel_size": 1,
+    "max_model_len": 512,
+    "gpu_memory_utilization": 0.9,
+    "max_num_seqs": None,
+    "max_num_batched_tokens": None,
+    "enforce_eager": False,
+    "seed": 0,
+    "dtype": None,
+    "chat_template": None,
+    "extra_args": [],
+    "env": {},
+    "api_key": None,
+    "readiness_timeout_s": 900,
+    "readiness_poll_s": 1.0,
+    "stop_grace_s": 30,
+    "idle_timeout_s": None,
+    "server_lock": None,
+    "cache_root": None,  # VLLM_CACHE_ROOT shared by all deployments of a study (torch.compile cache)
+}
+
+
+def arm_name(arm: dict) -> str:
+    """Canonical name of an arm spec (:func:`specstudy.arms.arm_name`); an unknown method is a ConfigError."""
+    try:
+        return _arms.arm_name(arm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def validate_arm(arm: dict) -> dict:
+    """Check an arm spec (DESIGN.md 'Arm spec'); raise :class:`ConfigError` naming the field and the fix."""
+    if not isinstance(arm, dict):
+        raise ConfigError(f"arm spec must be a mapping, got {type(arm).__name__}")
+    method = arm.get("method")
+    need = {"baseline": [], "draft_model": ["num_speculative_tokens", "draft_tensor_parallel_size"],
+            "ngram": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"]}
+    if method not in need:
+        raise ConfigError(f"arm {arm.get('name')!r}: field 'method' is {method!r}; use baseline, draft_model or ngram")
+    for key in need[method]:
+        val = arm.get(key)
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' must be a positive integer (got {val!r})")
+    name = arm.get("name")
+    if name is None or not _arms.ARM_RE.match(str(name)):
+        raise ConfigError(f"arm {name!r}: field 'name' must match baseline|draft-k<N>-tp<N>|ngram-k<N>")
+    if name != arm_name(arm):
+        raise ConfigError(f"arm {name!r}: field 'name' does not match its settings; expected {arm_name(arm)!r}")
+    # Note: prompt_lookup_min > prompt_lookup_max is left for vLLM to reject (a failure record is data).
+    return arm
+
+
+def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
+    """The ``--speculative-config`` JSON object of an arm (None for the baseline)."""
+    method = arm["method"]
+    if method == "baseline":
+        return None
+    if method == "draft_model":
+        draft = engine_cfg.get("draft_model")
+        if not draft:
+            raise ConfigError(f"engine config: field 'draft_model' (path of the draft model) is required for arm {arm['name']!r}")
+        spec = {"method": "draft_model", "model": str(draft),
+                "num_speculative_tokens": arm["num_speculative_tokens"],
+                "draft_tensor_parallel_size": arm["draft_tensor_parallel_size"]}
+    else:
+        spec = {"method": "ngram", "num_speculative_tokens": arm["num_speculative_tokens"],
+                "prompt_lookup_min": arm["prompt_lookup_min"], "prompt_lookup_max": arm["prompt_lookup_max"]}
+    spec.update(engine_cfg.get("speculative_extra") or {})  # same for every speculative arm
+    return spec
+
+
+def engine_settings(engine_cfg: dict) -> dict:
+    cfg = dict(ENGINE_DEFAULTS)
+    cfg.update({k: v for k, v in (engine_cfg or {}).items()})
+    if not cfg.get("model"):
+        raise ConfigError("engine config: field 'model' (path of the target model) is required")
+    if cfg["backend"] not in ("local", "container"):
+        raise ConfigError(f"engine config: field 'backend' is {cfg['backend']!r}; use 'local' or 'container'")
+    if not isinstance(cfg.get("extra_args") or [], list):
+        raise ConfigError("engine config: field 'extra_args' must be a list of strings (one argument per item)")
+    env_root = (cfg.get("env") or {}).get("VLLM_CACHE_ROOT")
+    if cfg.get("cache_root") and env_root and str(Path(env_root)) != str(Path(cfg["cache_root"])):
+        raise ConfigError(f"engine config: 'server.cache_root' ({cfg['cache_root']}) and 'server.env.VLLM_CACHE_ROOT' "
+                          f"({env_root}) disagree; set only one of them")
+    for forbidden in ("--speculative-config", "--speculative_config", "--port", "--served-model-name"):
+        for arg in cfg.get("extra_args") or []:
+            if str(arg).split("=", 1)[0] == forbidden or str(arg).startswith(forbidden + "."):
+                raise ConfigError(f"engine config: field 'extra_args' must not contain {forbidden}; it is set per arm/deployment")
+    return cfg
+
+
+def build_command(engine_cfg: dict, arm: dict, *, port: int, served_model_name: str) -> list[str]:
+    """The vLLM OpenAI-server command as an argument list.
+
+    Controlled settings (model, tokenizer, TP, max_model_len, memory, seqs, seed, chat template,
+    extra args) come only from ``engine_cfg``; the arm adds ``--speculative-config`` (nothing for
+    the baseline). The API key, if any, is passed as ``--api-key``; record the command with
+    :func:`redact_argv`.
+    """
+    cfg = engine_settings(engine_cfg)
+    validate_arm(arm)
+    python = cfg.get("python") or ("python3" if cfg["backend"] == "container" else sys.executable)
+    argv = [str(python), "-m", SERVER_MODULE,
+            "--model", str(cfg["model"]),
+            "--tokenizer", str(cfg.get("tokenizer") or cfg["model"]),
+            "--served-model-name", served_model_name,
+            "--host", str(cfg["host"]),
+            "--port", str(int(port)),
+            "--tensor-parallel-size", str(int(cfg["tensor_parallel_size"])),
+            "--max-model-len", str(int(cfg["max_model_len"])),
+            "--gpu-memory-utilization", str(cfg["gpu_memory_utilization"]),
+            "--seed", str(int(cfg["seed"]))]
+    if cfg.get("max_num_seqs"):
+        argv += ["--max-num-seqs", str(int(cfg["max_num_seqs"]))]
+    if cfg.get("max_num_batched_tokens"):
+        argv += ["--max-num-batched-tokens", str(int(cfg["max_num_batched_tokens"]))]
+    if cfg.get("dtype"):
+        argv += ["--dtype", str(cfg["dtype"])]
+    if cfg.get("enforce_eager"):
+        argv.append("--enforce-eager")
+    if cfg.get("chat_template"):
+        argv += ["--chat-template", str(cfg["chat_template"])]
+    if cfg.get("api_key"):
+        argv += ["--api-key", str(cfg["api_key"])]
+    argv += [str(a) for a in cfg.get("extra_args") or []]
+    spec = speculative_config(cfg, arm)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    return argv
+
+
+def strip_speculative(argv: list[str]) -> list[str]:
+    """The command without its speculative settings (used to prove arms differ only there)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--speculative-config":
+            skip = True
+            continue
+        if a.startswith("--speculative-config"):
+            continue
+        out.append(a)
+    return out
+
