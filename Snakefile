@@ -27,6 +27,11 @@ include: "rules/report.smk"
 include: "rules/mechanics.smk"
 
 
+# Before the first job (never in a dry run): move a report/tables built from a missing checkpoint output aside.
+onstart:
+    quarantine_stale_outputs()
+
+
 localrules:
     all,
     effective_config,

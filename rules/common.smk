@@ -47,11 +47,11 @@ if _LOCK.exists():
 # Nothing is written while the workflow is parsed (a dry run writes nothing). A report or tables built
 # from a checkpoint output that is now missing are stale: report_inputs/tables_inputs plan them again
 # (so a dry run shows it), and the onstart handler below moves them aside (never deleted) before any
-# job runs, so that they are rebuilt, not shown as current.
+# job runs, so that they are rebuilt, not shown as current (the handler lives in the Snakefile).
 STALE_CAPACITY = bool((config.get("capacity") or {}).get("enabled"))
 
 
-onstart:
+def quarantine_stale_outputs():
     _stale.quarantine_stale(".", log=lambda msg: print(f"specstudy: {msg}", file=sys.stderr), capacity=STALE_CAPACITY)
 
 
@@ -80,7 +80,7 @@ wildcard_constraints:
 
 
 # The effective config (Snakefile default merged with --configfile/--config), content-addressed; written
-# by rule effective_config (rules/plan.smk). CONFIG_FILE: the whole config; DEPLOYMENT_CONFIG_FILE: the
+# by the effective_config rule in rules/plan.smk. CONFIG_FILE: the whole config; DEPLOYMENT_CONFIG_FILE: the
 # sections a deployment job reads (specstudy.config.DEPLOYMENT_SECTIONS).
 CONFIG_TEXTS = effective_config_files(config)
 CONFIG_FILE, DEPLOYMENT_CONFIG_FILE = CONFIG_TEXTS
