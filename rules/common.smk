@@ -80,8 +80,9 @@ wildcard_constraints:
 
 
 # The effective config (Snakefile default merged with --configfile/--config), content-addressed; written
-# by the effective_config rule in rules/plan.smk. CONFIG_FILE: the whole config; DEPLOYMENT_CONFIG_FILE: the
-# sections a deployment job reads (specstudy.config.DEPLOYMENT_SECTIONS).
+# by effective_config (rules/plan.smk), never at parse time.
+# CONFIG_FILE: the whole config. DEPLOYMENT_CONFIG_FILE: the sections a deployment job reads
+# (specstudy.config.DEPLOYMENT_SECTIONS).
 CONFIG_TEXTS = effective_config_files(config)
 CONFIG_FILE, DEPLOYMENT_CONFIG_FILE = CONFIG_TEXTS
 
