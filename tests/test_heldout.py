@@ -134,6 +134,10 @@ def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
         assert d["drop"] == pytest.approx(rec["sets"]["workloads"]["by_k"][k]["acceptance_rate"]
                                           - rec["sets"]["heldout"]["by_k"][k]["acceptance_rate"])
         assert set(d["strata"]) == {"code"}
+        dn = rec["drop_natural"][k]
+        nat = {n: rec["sets"][n]["natural"]["by_k"][k]["acceptance_rate"] for n in ("workloads", "heldout")}
+        if None not in nat.values():
+            assert dn["drop"] == pytest.approx(nat["workloads"] - nat["heldout"])
 
 
 def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
@@ -167,6 +171,9 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     assert f"| all | 3 | {measured['acceptance_rate']:.3f} | 1.000 | 1.000 | {he:.3f} | {1 - he:.3f} [" in md
     assert "mean 12.0 tokens on the workload prompts (0 of 4 shorter than 2 tokens), 1.0 on the held-out " \
            "prompts (4 of 4 shorter than 2 tokens)" in md
+    assert "On held-out text the target mostly ends at once" in md
+    # held-out prompts with no natural answer have nothing to compare over their natural answers
+    assert "Over the natural answers" not in md and "drop_natural" not in rec
     assert out["fixture_heldout"]["drop"]["3"] == pytest.approx(1 - he)
     # without the record the section says why it is absent
     (res / "models" / "fixture" / "heldout.json").unlink()

@@ -204,6 +204,11 @@ def analyse(per_prompt: dict[str, list[dict]], ks: list[int], training: str = "w
                 strata={s: drop_interval([r["by_k"][str(k)] for r in tr if (r["stratum"] or "-") == s],
                                          [r["by_k"][str(k)] for r in he if (r["stratum"] or "-") == s])
                         for s in strata})
+            # the same over each prompt's natural answer (where both sets have one to measure)
+            trn = [r["by_k_natural"][str(k)] for r in tr if "by_k_natural" in r]
+            hen = [r["by_k_natural"][str(k)] for r in he if "by_k_natural" in r]
+            if sum(x["draft_tokens"] for x in trn) and sum(x["draft_tokens"] for x in hen):
+                out.setdefault("drop_natural", {})[str(k)] = drop_interval(trn, hen)
     return out
 
 

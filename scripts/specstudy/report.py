@@ -852,14 +852,23 @@ def _heldout_section(B, results: Path, cells: list[dict]) -> dict | None:
                    "prompts. Drop = training − held-out acceptance rate, 95% bootstrap interval over prompts."))
     nat_w, nat_h = sets["workloads"].get("natural") or {}, sets["heldout"].get("natural") or {}
     if nat_w and nat_h:
+        short_h = nat_h.get("answered_fewer_than_2") or 0
         B.append(("p", f"The target's own greedy answers (natural end-of-sequence, at most {rec['max_new_tokens']} "
                        f"tokens): mean {_f(nat_w.get('mean_tokens'), '{:.1f}')} tokens on the workload prompts "
                        f"({nat_w.get('answered_fewer_than_2')} of {nat_w.get('prompts')} shorter than 2 tokens), "
                        f"{_f(nat_h.get('mean_tokens'), '{:.1f}')} on the held-out prompts "
-                       f"({nat_h.get('answered_fewer_than_2')} of {nat_h.get('prompts')} shorter than 2 tokens). "
-                       "Acceptance over the natural answer is the figure comparable with vLLM's counters; on text "
-                       "the tiny target never saw it mostly has no answer to measure, which is why the held-out "
-                       "comparison runs with end-of-sequence suppressed."))
+                       f"({short_h} of {nat_h.get('prompts')} shorter than 2 tokens). Acceptance over the natural "
+                       "answer is the figure comparable with vLLM's counters; the EOS-suppressed figures compare both "
+                       "sets over the same number of tokens per prompt."
+                       + (" On held-out text the target mostly ends at once, so only the EOS-suppressed comparison "
+                          "measures it." if short_h * 2 > (nat_h.get("prompts") or 0) else "")))
+        dn = rec.get("drop_natural") or {}
+        if dn:
+            B.append(("p", "Over the natural answers: " + "; ".join(
+                f"k={k}: training {_f(((nat_w.get('by_k') or {}).get(str(k)) or {}).get('acceptance_rate'))}, held-out "
+                f"{_f(((nat_h.get('by_k') or {}).get(str(k)) or {}).get('acceptance_rate'))}, drop "
+                f"{_f((dn.get(str(k)) or {}).get('drop'))} [{_f(((dn.get(str(k)) or {}).get('ci') or [None, None])[0])}, "
+                f"{_f(((dn.get(str(k)) or {}).get('ci') or [None, None])[1])}]" for k in rec["k"]) + "."))
 
     def nat_rate(which, k, st=None):
         byk = ((sets[which].get("natural") or {}).get("by_k") or {}).get(str(k)) or {}
