@@ -9,6 +9,8 @@ rule capacity_search:
         knee="results/capacity/{arm}/knee.json",
     log:
         "results/logs/capacity/{arm}.log",
+    benchmark:
+        "results/benchmarks/capacity/{arm}.tsv"
     params:
         deployment="capacity/{arm}/rep1",
         out="results/capacity/{arm}",

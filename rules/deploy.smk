@@ -12,6 +12,8 @@ rule deploy_screen:
         cells=deployment_outputs("screen"),
     log:
         "results/logs/screen/{arm}/{rep}.log",
+    benchmark:
+        "results/benchmarks/screen/{arm}/{rep}.tsv"
     params:
         deployment="screen/{arm}/{rep}",
         out="results/screen/{arm}/{rep}",
@@ -34,6 +36,8 @@ rule deploy_confirm:
         cells=deployment_outputs("confirm"),
     log:
         "results/logs/confirm/{arm}/{rep}.log",
+    benchmark:
+        "results/benchmarks/confirm/{arm}/{rep}.tsv"
     params:
         deployment="confirm/{arm}/{rep}",
         out="results/confirm/{arm}/{rep}",
@@ -56,6 +60,8 @@ use rule deploy_screen as deploy_drift with:
         cells=drift_outputs(),
     log:
         "results/logs/{phase}/{arm}/{drift}.log",
+    benchmark:
+        "results/benchmarks/{phase}/{arm}/{drift}.tsv"
     params:
         deployment="{phase}/{arm}/{drift}",
         out="results/{phase}/{arm}/{drift}",

@@ -56,6 +56,8 @@ rule mechanics_run:
         record="results/mechanics/{label}/rep1/mechanics-arm.json",
     log:
         "results/logs/mechanics/{label}.log",
+    benchmark:
+        "results/benchmarks/mechanics/{label}.tsv"
     params:
         mechanics=MECHANICS_FILE,
         out="results/mechanics/{label}/rep1",
