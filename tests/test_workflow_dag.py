@@ -48,7 +48,9 @@ def workdir(tmp_path: Path) -> Path:
     for name in ("Snakefile", "rules", "config", "corpora", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    # A copy, not a link: rule fixture_models declares scripts/specstudy/fixture_models.py as an input, and the
+    # faked outputs must be newer than it (fake_screening ages every file of the copy).
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     return tmp_path
 
 
