@@ -40,11 +40,10 @@ rule fixture_heldout:
     benchmark:
         "results/benchmarks/models/fixture-heldout.tsv"
     params:
-        prompts=lambda wildcards, input: [str(Path(p).parent / "prompts.jsonl") for p in input.workloads],
         k=",".join(str(k) for k in config["arms"]["num_speculative_tokens"]),
     threads: 2
     conda:
         "../envs/specstudy.yaml"
     shell:
         "specstudy fixture-heldout --models {input.models} --heldout {input.heldout} "
-        "--workload-prompts {params.prompts} --k {params.k} --out {output} > {log} 2>&1"
+        "--workload-corpora {input.workloads} --k {params.k} --out {output} > {log} 2>&1"

@@ -480,8 +480,16 @@ def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group
     proc = subprocess.Popen([*[sys.executable, "-m", "snakemake"], "--cores", "1"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(
-            "seq 1 24" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)):
+    def running_seq() -> bool:
+        for c in psutil.Process(proc.pid).children(recursive=True):
+            try:  # a child that just exited is a zombie until reaped: its cmdline cannot be read
+                if "seq 1 24" in " ".join(c.cmdline()):
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    while time.monotonic() < deadline and not running_seq():
         time.sleep(0.1)
     time.sleep(0.5)
     t0 = time.monotonic()

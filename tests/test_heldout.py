@@ -59,10 +59,10 @@ def test_heldout_prompts_are_not_in_the_training_text():
 def test_bad_prompt_file_names_file_line_and_field(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n{"id": "b"}\n')
-    with pytest.raises(UserError, match=r"p\.jsonl: line 2: field 'messages'"):
+    with pytest.raises(UserError, match=r"p\.jsonl: line 2: 'messages' must be a non-empty list"):
         heldout.read_prompts(p)
     p.write_text("not json\n")
-    with pytest.raises(UserError, match="line 1: not JSON"):
+    with pytest.raises(UserError, match=r"p\.jsonl: line 1: not valid JSON"):
         heldout.read_prompts(p)
 
 
@@ -111,7 +111,8 @@ def test_one_pass_shortcut_equals_an_explicit_speculative_loop(fixture_models):
 
 
 def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
-    work = tmp_path / "w.jsonl"
+    (tmp_path / "w").mkdir()
+    work = tmp_path / "w" / "prompts.jsonl"  # a built corpus's prompt file (specstudy.corpus.load_prompts)
     rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()]
     # "workload" prompts in the corpus format (prompt_id), taken from the training text itself
     train_rows = [json.loads(line) for line in (ROOT / "corpora/data/code/tasks.jsonl").read_text().splitlines()[:3]]
@@ -121,7 +122,7 @@ def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
     held = tmp_path / "h.jsonl"
     held.write_text("".join(json.dumps(r) + "\n" for r in [r for r in rows if r["stratum"] == "code"][:3]))
     out = tmp_path / "heldout.json"
-    rec = heldout.run(Path(fixture_models["dir"]) / "models.json", held, [work], [2, 4], out, max_new_tokens=16,
+    rec = heldout.run(Path(fixture_models["dir"]) / "models.json", held, [tmp_path / "w"], [2, 4], out, max_new_tokens=16,
                       log=lambda *_: None)
     assert json.loads(out.read_text())["schema"] == heldout.SCHEMA
     for k in ("2", "4"):

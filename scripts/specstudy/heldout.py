@@ -38,26 +38,25 @@ from .errors import UserError
 SCHEMA = "specstudy.fixture-heldout/1"
 
 
-def read_prompts(path: str | Path, id_field: str = "id") -> list[dict]:
-    """``[{"id", "stratum", "messages"}]`` from a JSONL file; a bad line is an error naming file and line."""
-    path = Path(path)
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: line {n}: not JSON ({exc.msg}); write one JSON object per line") from None
-        msgs = row.get("messages") if isinstance(row, dict) else None
-        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
-            raise UserError(f"{path}: line {n}: field 'messages' is missing or not a list of {{role, content}} "
-                            "objects; give each line a non-empty 'messages' list")
-        rows.append({"id": str(row.get(id_field) or row.get("prompt_id") or f"line{n}"),
-                     "stratum": row.get("stratum"), "messages": msgs})
-    if not rows:
+def read_prompts(path: str | Path) -> list[dict]:
+    """``[{"id", "stratum", "messages"}]`` of a JSONL file of ready chat requests, read and checked by the
+    corpus importer of that format (:func:`specstudy.corpus.import_chat_jsonl`); a bad line is an error
+    naming the file, the line and what is wrong."""
+    from .corpus import import_chat_jsonl
+
+    items, malformed = import_chat_jsonl(Path(path), {})
+    if malformed:
+        raise UserError("; ".join(f"{m['where']}: {m['reason']}" for m in malformed) + "; fix or remove the line")
+    if not items:
         raise UserError(f"{path}: no prompts; add at least one JSON line with 'messages'")
-    return rows
+    return [{"id": i["source_id"], "stratum": i["stratum"], "messages": i["messages"]} for i in items]
+
+
+def workload_prompts(corpus: str | Path) -> list[dict]:
+    """The prompts of a built workload corpus (its ``corpus.json`` or folder), as :func:`read_prompts` gives them."""
+    from .corpus import load_prompts
+
+    return [{"id": r["prompt_id"], "stratum": r["stratum"], "messages": r["messages"]} for r in load_prompts(corpus)]
 
 
 def rounds(matches: list[bool], k: int) -> dict:
@@ -99,25 +98,29 @@ def summarize(parts: list[dict]) -> dict:
 
 def drop_interval(train: list[dict], held: list[dict], resamples: int = 2000, seed: int = 0,
                   confidence: float = 0.95) -> dict:
-    """Training − held-out acceptance rate with a percentile bootstrap interval (prompts resampled
-    within each set; the statistic is the difference of the two ratios of sums)."""
+    """Training − held-out acceptance rate with a percentile bootstrap interval (scipy.stats.bootstrap,
+    prompts resampled within each set; the statistic is the difference of the two ratios of sums)."""
     import numpy as np
+    from scipy import stats
 
-    def arrays(parts):
+    def arrays(parts):  # prompts without a draft token (a 0/0 share) change no ratio of sums
+        parts = [p for p in parts if p["draft_tokens"]]
         return (np.array([p["accepted"] for p in parts], float), np.array([p["draft_tokens"] for p in parts], float))
 
     (ta, td), (ha, hd) = arrays(train), arrays(held)
-    if not td.sum() or not hd.sum():
+    if not td.size or not hd.size:
         return {"drop": None, "ci": None, "resamples": 0}
-    point = ta.sum() / td.sum() - ha.sum() / hd.sum()
-    rng = np.random.default_rng(seed)
-    it = rng.integers(0, len(ta), (resamples, len(ta)))
-    ih = rng.integers(0, len(ha), (resamples, len(ha)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = ta[it].sum(1) / td[it].sum(1) - ha[ih].sum(1) / hd[ih].sum(1)
-    d = d[np.isfinite(d)]
-    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"drop": float(point), "ci": [float(lo), float(hi)], "resamples": int(d.size), "confidence": confidence}
+
+    def drop(i, j, axis=-1):
+        return ta[i].sum(axis) / td[i].sum(axis) - ha[j].sum(axis) / hd[j].sum(axis)
+
+    point = drop(np.arange(ta.size), np.arange(ha.size))
+    res = stats.bootstrap((np.arange(ta.size), np.arange(ha.size)), drop, vectorized=True, paired=False,
+                          n_resamples=resamples, confidence_level=confidence, method="percentile",
+                          rng=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return {"drop": float(point), "ci": [float(ci.low), float(ci.high)], "resamples": resamples,
+            "confidence": confidence}
 
 
 def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[bool], list[int], int]:
@@ -212,20 +215,20 @@ def analyse(per_prompt: dict[str, list[dict]], ks: list[int], training: str = "w
     return out
 
 
-def run(models_record: str | Path, heldout_prompts: str | Path, workload_prompts: list[str | Path],
+def run(models_record: str | Path, heldout_prompts: str | Path, workload_corpora: list[str | Path],
         ks: list[int], out: str | Path, max_new_tokens: int = 64, log=print) -> dict:
     """Measure both sets and write the ``fixture-heldout`` record to ``out``."""
     models_record = Path(models_record)
     record = json.loads(models_record.read_text())
     trained = {t["path"] for t in record.get("training_text", [])}
-    workloads = [r for p in workload_prompts for r in read_prompts(p, id_field="prompt_id")]
+    workloads = [r for c in workload_corpora for r in workload_prompts(c)]
     held = read_prompts(heldout_prompts)
     per_prompt = measure(models_record.parent, {"workloads": workloads, "heldout": held}, ks,
                          max_new_tokens=max_new_tokens, log=log)
     result = {"schema": SCHEMA, "models": str(models_record), "models_target_sha256": record["target"]["weights_sha256"],
               "models_draft_sha256": record["draft"]["weights_sha256"], "training_text": sorted(trained),
               "heldout_prompts": str(heldout_prompts), "heldout_sha256": atomic.sha256_file(heldout_prompts),
-              "workload_prompts": [str(p) for p in workload_prompts], "max_new_tokens": max_new_tokens, "k": ks,
+              "workload_corpora": [str(c) for c in workload_corpora], "max_new_tokens": max_new_tokens, "k": ks,
               "eos": "suppressed (min_new_tokens = max_new_tokens)", "per_prompt": per_prompt,
               **analyse(per_prompt, ks)}
     atomic.write_json(out, result)
@@ -238,7 +241,7 @@ def run(models_record: str | Path, heldout_prompts: str | Path, workload_prompts
 
 
 def _cmd(args) -> int:
-    run(args.models, args.heldout, args.workload_prompts, [int(k) for k in args.k.split(",")], args.out,
+    run(args.models, args.heldout, args.workload_corpora, [int(k) for k in args.k.split(",")], args.out,
         max_new_tokens=args.max_new_tokens)
     return 0
 
@@ -247,7 +250,7 @@ def register(sub) -> None:
     p = sub.add_parser("fixture-heldout", help="the fixture draft's acceptance on held-out vs training text (#16.11)")
     p.add_argument("--models", required=True, help="results/models/fixture/models.json")
     p.add_argument("--heldout", required=True, help="corpora/heldout/prompts.jsonl")
-    p.add_argument("--workload-prompts", nargs="+", required=True, help="the workloads' prompts.jsonl files")
+    p.add_argument("--workload-corpora", nargs="+", required=True, help="the workloads' built corpus.json files")
     p.add_argument("--k", required=True, help="speculative depths, comma-separated (the study's levels)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--out", required=True)

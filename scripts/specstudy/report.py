@@ -849,6 +849,15 @@ def _heldout_section(B, results: Path, cells: list[dict]) -> dict | None:
                    "the valid draft-model cells of that depth, for comparison with the offline figure on the same "
                    "prompts. Drop = training − held-out acceptance rate, 95% bootstrap interval over prompts."))
     nat_w, nat_h = sets["workloads"].get("natural") or {}, sets["heldout"].get("natural") or {}
+
+    def nat_rate(which, k, st=None):
+        byk = ((sets[which].get("natural") or {}).get("by_k") or {}).get(str(k)) or {}
+        return (byk if st is None else (byk.get("strata") or {}).get(st) or {}).get("acceptance_rate")
+
+    def drop_ci(d):
+        ci = (d or {}).get("ci") or [None, None]
+        return f"{_f((d or {}).get('drop'))} [{_f(ci[0])}, {_f(ci[1])}]"
+
     if nat_w and nat_h:
         short_h = nat_h.get("answered_fewer_than_2") or 0
         B.append(("p", f"The target's own greedy answers (natural end-of-sequence, at most {rec['max_new_tokens']} "
@@ -863,30 +872,20 @@ def _heldout_section(B, results: Path, cells: list[dict]) -> dict | None:
         dn = rec.get("drop_natural") or {}
         if dn:
             B.append(("p", "Over the natural answers: " + "; ".join(
-                f"k={k}: training {_f(((nat_w.get('by_k') or {}).get(str(k)) or {}).get('acceptance_rate'))}, held-out "
-                f"{_f(((nat_h.get('by_k') or {}).get(str(k)) or {}).get('acceptance_rate'))}, drop "
-                f"{_f((dn.get(str(k)) or {}).get('drop'))} [{_f(((dn.get(str(k)) or {}).get('ci') or [None, None])[0])}, "
-                f"{_f(((dn.get(str(k)) or {}).get('ci') or [None, None])[1])}]" for k in rec["k"]) + "."))
-
-    def nat_rate(which, k, st=None):
-        byk = ((sets[which].get("natural") or {}).get("by_k") or {}).get(str(k)) or {}
-        return (byk if st is None else (byk.get("strata") or {}).get(st) or {}).get("acceptance_rate")
+                f"k={k}: training {_f(nat_rate('workloads', k))}, held-out {_f(nat_rate('heldout', k))}, "
+                f"drop {drop_ci(dn.get(str(k)))}" for k in rec["k"]) + "."))
 
     rows = []
     for k in rec["k"]:
         tr, he = sets["workloads"]["by_k"][str(k)], sets["heldout"]["by_k"][str(k)]
         d = rec["drop"].get(str(k)) or {}
-        ci = d.get("ci") or [None, None]
         rows.append(["all", k, _f(measured_acceptance(cells, k)["acceptance_rate"]), _f(nat_rate("workloads", k)),
-                     _f(tr["acceptance_rate"]), _f(he["acceptance_rate"]),
-                     f"{_f(d.get('drop'))} [{_f(ci[0])}, {_f(ci[1])}]",
+                     _f(tr["acceptance_rate"]), _f(he["acceptance_rate"]), drop_ci(d),
                      _f(tr["mean_acceptance_length"], "{:.2f}"), _f(he["mean_acceptance_length"], "{:.2f}")])
         for st, dd in sorted((d.get("strata") or {}).items()):
             trs, hes = tr["strata"].get(st) or {}, he["strata"].get(st) or {}
-            ci = dd.get("ci") or [None, None]
             rows.append([st, k, _f(measured_acceptance(cells, k, st)["acceptance_rate"]), _f(nat_rate("workloads", k, st)),
-                         _f(trs.get("acceptance_rate")), _f(hes.get("acceptance_rate")),
-                         f"{_f(dd.get('drop'))} [{_f(ci[0])}, {_f(ci[1])}]",
+                         _f(trs.get("acceptance_rate")), _f(hes.get("acceptance_rate")), drop_ci(dd),
                          _f(trs.get("mean_acceptance_length"), "{:.2f}"), _f(hes.get("mean_acceptance_length"), "{:.2f}")])
     B.append(("table", ["stratum", "k", "vLLM measured (workloads)", "offline, workloads, natural EOS",
                         "offline, workloads, EOS suppressed", "offline, held-out, EOS suppressed", "drop [95% CI]",
