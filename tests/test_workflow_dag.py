@@ -207,7 +207,10 @@ def test_a_dry_run_writes_nothing(workdir):
 def test_the_deployment_job_reads_its_spec_from_the_plan(workdir):
     """No inline spec on the command line: the plan, the deployment's key and the effective config."""
     out = sm(workdir, "-n", "-p", "results/screen/ngram-k2/rep2/deployment.json").stdout
-    cmd = next(line for line in out.splitlines() if "specstudy deployment run" in line)
+    # The asked-for deployment's job (the dry run also lists the deployments the plan orders before it).
+    cmds = [line for line in out.splitlines() if "specstudy deployment run" in line and "screen/ngram-k2/rep2 " in line]
+    assert len(cmds) == 1, out
+    cmd = cmds[0]
     assert "--plan results/plan/screen.json --deployment screen/ngram-k2/rep2 --config results/.config/deployment-" in cmd
     assert "{" not in cmd and "--spec" not in cmd
 
