@@ -14,11 +14,13 @@ rule capacity_search:
     params:
         deployment="capacity/{arm}/rep1",
         out="results/capacity/{arm}",
+        plan="results/plan/confirm.json",
+        config=DEPLOYMENT_CONFIG_FILE,
     threads: 2
     resources:
         deployments=1,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
+        "specstudy deployment run --plan {params.plan} --deployment {params.deployment} --config {params.config} "
         "--out {params.out} > {log} 2>&1"

@@ -60,8 +60,8 @@ SCREEN_CONC = list(config["screen"]["concurrency"])
 CONFIRM_CONC = list(PREREG["confirmation"]["concurrency"])
 CONFIRM_INITIAL = int(PREREG["confirmation"]["repeats"])
 CONFIRM_CAP = int(PREREG["confirmation"]["stopping"]["max_repeats"])
-SCREEN_PLAN = _plan.make_plan(config, "screen", prereg=PREREG)
-DRIFT_CELL = SCREEN_PLAN["design"]["drift_cell"]
+# The drift cell is a config fact (plan.drift_cell); every deployment and cell comes from the plan files.
+DRIFT_CELL = _plan.drift_cell(config, "screen", PREREG)
 GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
 CAPACITY = config.get("capacity") or {}
 FIXTURES = (config.get("fixture_models") or {}).get("build", False)
@@ -165,21 +165,44 @@ def selection_file(wildcards=None):
     return checkpoints.select.get().output.selection
 
 
+_PLANS = {}
+
+
+def _read_plan(path):
+    """A plan file as the DAG reads it (cached by its mtime: input functions ask for it many times)."""
+    from specstudy.atomic import BadFile
+
+    key = (path, os.stat(path).st_mtime_ns)
+    if key not in _PLANS:
+        try:
+            _PLANS[key] = _plan.load_plan(path)
+        except (BadFile, ConfigError) as exc:
+            raise WorkflowError(str(exc)) from None
+    return _PLANS[key]
+
+
+def screen_plan():
+    """The screening plan: results/plan/screen.json, the output of checkpoint plan_screen (the DAG of
+    screening exists once that file does; asking for it makes Snakemake run the checkpoint first)."""
+    return _read_plan(checkpoints.plan_screen.get().output.plan)
+
+
 def confirm_plan():
-    """The confirmation plan: built only from the selection checkpoint's output, after verifying it
-    (its digest, and the sha256 the confirmation plan recorded once that plan exists)."""
+    """The confirmation plan: results/plan/confirm.json, the output of checkpoint plan_confirm, which is
+    built from the selection checkpoint's output; the selection is verified against the plan (its
+    digest, and the sha256 the plan recorded)."""
     from specstudy.select import SelectionError, verify_selection
 
-    plan_file = Path("results/plan/confirm.json")
+    plan_file = checkpoints.plan_confirm.get().output.plan
     try:
-        selection = verify_selection(selection_file(), plan_file if plan_file.exists() else None)
+        verify_selection(selection_file(), plan_file)
     except SelectionError as exc:
         raise WorkflowError(str(exc)) from None
-    return _plan.make_plan(config, "confirm", arms=selection["confirmation_arms"], prereg=PREREG)
+    return _read_plan(plan_file)
 
 
 def plan_for(phase):
-    return SCREEN_PLAN if phase == "screen" else confirm_plan()
+    return screen_plan() if phase == "screen" else confirm_plan()
 
 
 # ------------------------------------------------------------------ adaptive confirmation rounds
@@ -238,7 +261,7 @@ def confirm_round_inputs(wildcards):
                       for d in reps for c in d["cells"]],
         "records": [record_path("confirm", d["arm"], d["rep"]) for d in reps],
         # Screening gates (confirmation gates need the final rounds): a failed gate takes a candidate out of contention.
-        "gates": [f"results/gates/screen/{a}.json" for a in arms if a in spec_arms(SCREEN_PLAN)],
+        "gates": [f"results/gates/screen/{a}.json" for a in arms if a in spec_arms(screen_plan())],
         "plan": "results/plan/confirm.json",
         "lock": ancient("results/screen/prereg-lock.json"),
     }
@@ -316,20 +339,20 @@ def _records_of(p):
 
 
 def screen_cells():
-    return _cells_of(SCREEN_PLAN)
+    return _cells_of(screen_plan())
 
 
 def screen_records():
-    return _records_of(SCREEN_PLAN)
+    return _records_of(screen_plan())
 
 
-def screen_repeat_cells():
-    return [c for d in SCREEN_PLAN["deployments"] if d["kind"] == "repeat"
+def screen_repeat_cells(wildcards=None):
+    return [c for d in screen_plan()["deployments"] if d["kind"] == "repeat"
             for c in [cell_path("screen", d["arm"], d["rep"], x["workload"], x["concurrency"]) for x in d["cells"]]]
 
 
-def screen_repeat_records():
-    return [record_path("screen", d["arm"], d["rep"]) for d in SCREEN_PLAN["deployments"] if d["kind"] == "repeat"]
+def screen_repeat_records(wildcards=None):
+    return [record_path("screen", d["arm"], d["rep"]) for d in screen_plan()["deployments"] if d["kind"] == "repeat"]
 
 
 def spec_arms(p):
@@ -337,7 +360,7 @@ def spec_arms(p):
 
 
 def gates_of(phase):
-    p = SCREEN_PLAN if phase == "screen" else confirm_plan_active()
+    p = screen_plan() if phase == "screen" else confirm_plan_active()
     return [f"results/gates/{phase}/{a}.json" for a in spec_arms(p)]
 
 
@@ -361,8 +384,12 @@ def gates_of_confirm(wildcards):
     return gates_of("confirm")
 
 
+def gates_of_screen(wildcards):
+    return gates_of("screen")
+
+
 def gate_inputs(wildcards):
-    p = SCREEN_PLAN if wildcards.phase == "screen" else confirm_plan_active()
+    p = screen_plan() if wildcards.phase == "screen" else confirm_plan_active()
     reps = [d for d in p["deployments"] if d["kind"] == "repeat"]
     base = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == "baseline"]
     cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]

@@ -17,6 +17,11 @@ rule deploy_screen:
     params:
         deployment="screen/{arm}/{rep}",
         out="results/screen/{arm}/{rep}",
+        # the files the job reads, named here (not from input:) so that a dry run can print the command
+        # before checkpoint plan_screen has run
+        plan="results/plan/screen.json",
+        config=DEPLOYMENT_CONFIG_FILE,
+        lock="results/screen/prereg-lock.json",
     threads: 2
     resources:
         deployments=1,
@@ -24,8 +29,8 @@ rule deploy_screen:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
-        "--lock {input.lock} --out {params.out} > {log} 2>&1"
+        "specstudy deployment run --plan {params.plan} --deployment {params.deployment} --config {params.config} "
+        "--lock {params.lock} --out {params.out} > {log} 2>&1"
 
 
 rule deploy_confirm:
@@ -41,6 +46,11 @@ rule deploy_confirm:
     params:
         deployment="confirm/{arm}/{rep}",
         out="results/confirm/{arm}/{rep}",
+        # the files the job reads, named here (not from input:) so that a dry run can print the command
+        # before checkpoint plan_confirm has run
+        plan="results/plan/confirm.json",
+        config=DEPLOYMENT_CONFIG_FILE,
+        lock="results/screen/prereg-lock.json",
     threads: 2
     resources:
         deployments=1,
@@ -48,8 +58,8 @@ rule deploy_confirm:
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy deployment run --plan {input.plan} --deployment {params.deployment} --config {input.config} "
-        "--lock {input.lock} --out {params.out} > {log} 2>&1"
+        "specstudy deployment run --plan {params.plan} --deployment {params.deployment} --config {params.config} "
+        "--lock {params.lock} --out {params.out} > {log} 2>&1"
 
 
 use rule deploy_screen as deploy_drift with:
@@ -65,5 +75,8 @@ use rule deploy_screen as deploy_drift with:
     params:
         deployment="{phase}/{arm}/{drift}",
         out="results/{phase}/{arm}/{drift}",
+        plan="results/plan/{phase}.json",
+        config=DEPLOYMENT_CONFIG_FILE,
+        lock="results/screen/prereg-lock.json",
     wildcard_constraints:
         arm="baseline",

@@ -29,7 +29,9 @@ rule prereg_lock:
         "specstudy prereg-lock --prereg {params.prereg} --out {output.lock} > {log} 2>&1"
 
 
-rule plan_screen:
+# The plans are checkpoints: the DAG of each phase is read from its plan file (rules/common.smk: screen_plan,
+# confirm_plan), so the deployments and cells that run are exactly those the plan records.
+checkpoint plan_screen:
     input:
         corpora=all_corpus_json(),
         lock=ancient("results/screen/prereg-lock.json"),
@@ -46,7 +48,7 @@ rule plan_screen:
         "specstudy plan --config {input.config} --phase screen --corpora {input.corpora} --out {output.plan} > {log} 2>&1"
 
 
-rule plan_confirm:
+checkpoint plan_confirm:
     input:
         corpora=all_corpus_json(),
         selection=ancient(selection_file),

@@ -3,9 +3,9 @@
 
 checkpoint select:
     input:
-        summaries=screen_repeat_cells(),
-        deployments=screen_repeat_records(),
-        gates=gates_of("screen"),
+        summaries=screen_repeat_cells,
+        deployments=screen_repeat_records,
+        gates=gates_of_screen,
         lock="results/screen/prereg-lock.json",
     output:
         # Protected: confirmation consumes it only while its digest and the plan's sha256 match.

@@ -79,8 +79,10 @@ def json_writer(root: Path, start: float, step: float):
     return write
 
 
-def fake_screening(workdir: Path) -> None:
-    """Write every screening output with increasing mtimes, as if screening had run."""
+def fake_planned(workdir: Path):
+    """Write what comes before the first deployment (models, corpora, lock) and the real screening plan
+    (specstudy plan's own function, checked against the plan schema), as if checkpoint plan_screen had run.
+    Returns the config, the plan and the writer (whose later files are newer)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from specstudy import plan as planmod
     from specstudy.config import effective_config_files, load_config
@@ -102,8 +104,17 @@ def fake_screening(workdir: Path) -> None:
     for w, d in _corpus_dirs(workdir).items():
         write(f"{d}/corpus.json", {"name": w, "version": "1", "digest": "x" * 64})
     write("results/screen/prereg-lock.json", planmod.prereg_lock(cfg))
-    write("results/plan/screen.json", {})
     p = planmod.make_plan(cfg, "screen")
+    write("results/plan/screen.json", dict(p, corpora={}))
+    planmod.load_plan(workdir / "results/plan/screen.json")
+    return cfg, p, write
+
+
+def fake_screening(workdir: Path) -> None:
+    """Write every screening output with increasing mtimes, as if screening had run."""
+    from specstudy import plan as planmod
+
+    cfg, p, write = fake_planned(workdir)
     speed = {"baseline": 10.0, "draft-k2-tp1": 7.0, "draft-k4-tp1": 7.5, "ngram-k2": 9.0, "ngram-k4": 9.5}
     for d in p["deployments"]:
         for c in d["cells"]:
@@ -121,7 +132,29 @@ def fake_screening(workdir: Path) -> None:
             write(f"results/gates/screen/{arm}.json", {"arm": arm, "phase": "screen", "verdict": "pass"})
 
 
+def test_the_screening_dag_is_read_from_the_plan_file(workdir):
+    """Before the plan exists the DAG ends at checkpoint plan_screen; the deployments are those the file lists."""
+    counts = job_counts(sm(workdir, "-n", "screen").stdout)
+    assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts
+    cfg, p, write = fake_planned(workdir)
+    # a plan that lists one deployment less: the DAG follows the file, not a plan computed at parse time
+    # (the last one: the interleaved drift baseline, which no other deployment waits for)
+    dropped = p["deployments"][-1]
+    assert dropped["kind"] == "drift" and dropped["arm"] == "baseline", dropped
+    assert job_counts(sm(workdir, "-n", "screen").stdout)["deploy_drift"] == 1
+    write("results/plan/screen.json", dict(p, corpora={}, deployments=p["deployments"][:-1]))
+    counts = job_counts(sm(workdir, "-n", "screen").stdout)
+    assert "deploy_drift" not in counts and counts["deploy_screen"] == 10, counts
+    # a plan file that is not a plan: refused, naming the file and the fix
+    write("results/plan/screen.json", {"deployments": "?"})
+    proc = sm(workdir, "-n", "screen", check=False)
+    assert proc.returncode != 0
+    assert "results/plan/screen.json: does not match schema 'plan'" in proc.stdout + proc.stderr
+    assert "re-run its rule (plan_screen" in proc.stdout + proc.stderr
+
+
 def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir):
+    fake_planned(workdir)
     out = sm(workdir, "-n", "screen").stdout
     counts = job_counts(out)
     # 5 arms x 2 repeats, and the embedded default's one interleaved drift baseline
@@ -132,6 +165,11 @@ def test_screen_dag_contains_the_factorial_and_nothing_from_confirmation(workdir
     # with two blocks and one interleaved drift baseline per block
     cfg = workdir / "config" / "config.yaml"
     cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n"))
+    # planned again (the plan file of the old config removed): the DAG follows the new plan, not the old file
+    (workdir / "results/plan/screen.json").unlink()
+    counts = job_counts(sm(workdir, "-n", "-p", "screen").stdout)
+    assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts
+    sm(workdir, "results/plan/screen.json")
     counts = job_counts(sm(workdir, "-n", "-p", "screen").stdout)
     assert counts["deploy_screen"] == 10 and counts["deploy_drift"] == 2
 
@@ -153,6 +191,10 @@ def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_pic
     selection = json.loads((workdir / "results/selection/selection.json").read_text())
     assert selection["confirmation_arms"] == ["baseline", "draft-k2-tp1", "ngram-k2"]
 
+    # the confirmation DAG is read from its plan, a checkpoint built from the selection
+    counts = job_counts(sm(workdir, "-n", "confirm").stdout)
+    assert counts.get("plan_confirm") == 1 and "deploy_confirm" not in counts, counts
+    sm(workdir, "results/plan/confirm.json")
     out = sm(workdir, "-n", "confirm").stdout
     counts = job_counts(out)
     assert counts["deploy_confirm"] == 3 * 3      # baseline + 2 candidates, 3 repeats each
@@ -206,6 +248,10 @@ def test_a_dry_run_writes_nothing(workdir):
 
 def test_the_deployment_job_reads_its_spec_from_the_plan(workdir):
     """No inline spec on the command line: the plan, the deployment's key and the effective config."""
+    # before the plan exists the command already prints (the job's inputs come from checkpoint plan_screen)
+    out = sm(workdir, "-n", "-p", "results/screen/ngram-k2/rep2/deployment.json").stdout
+    assert "--plan results/plan/screen.json --deployment screen/ngram-k2/rep2 --config results/.config/deployment-" in out
+    fake_planned(workdir)
     out = sm(workdir, "-n", "-p", "results/screen/ngram-k2/rep2/deployment.json").stdout
     # The asked-for deployment's job (the dry run also lists the deployments the plan orders before it).
     cmds = [line for line in out.splitlines() if "specstudy deployment run" in line and "screen/ngram-k2/rep2 " in line]
@@ -229,7 +275,11 @@ def test_one_cell_is_rerun_by_asking_for_its_path(workdir):
 
 @pytest.mark.parametrize("target", ["confirm", "report", "capacity", "all"])
 def test_downstream_targets_dry_run_before_screening(workdir, target):
-    """Before any result exists, later targets dry-run: screening, then the selection checkpoint."""
+    """Before any result exists, later targets dry-run up to the plan checkpoint; once the plan exists,
+    screening, then the selection checkpoint."""
+    counts = job_counts(sm(workdir, "-n", target).stdout)
+    assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts
+    fake_planned(workdir)
     out = sm(workdir, "-n", target).stdout
     counts = job_counts(out)
     assert counts["deploy_screen"] == 10 and counts["select"] == 1, counts

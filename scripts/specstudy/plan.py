@@ -103,6 +103,26 @@ def phase_design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
     return {"concurrency": list(conf["concurrency"]), "repeats": initial, "max_repeats": max(cap, initial)}
 
 
+def drift_cell(cfg: dict, phase: str = "screen", prereg: dict | None = None) -> dict:
+    """The one cell a drift baseline deployment runs: ``plan.drift_cell``, else the first workload at the
+    phase's first concurrency (a config fact: the Snakefile's drift rule names its output from it)."""
+    declared = (cfg.get("plan") or {}).get("drift_cell")
+    if declared:
+        return dict(declared)
+    return {"workload": list(cfg["corpora"]["workloads"])[0], "concurrency": phase_design(cfg, phase, prereg)["concurrency"][0]}
+
+
+def load_plan(path: str | Path) -> dict:
+    """A plan file written by ``specstudy plan``, checked against its schema (a bad file names itself and the fix)."""
+    from . import schemas
+
+    plan = atomic.read_json(path)
+    try:
+        return schemas.validate(plan, "plan", path)
+    except schemas.ValidationError as exc:
+        raise ConfigError(f"{exc}\nFix: delete {path} and re-run its rule (plan_screen / plan_confirm) to write it again.") from None
+
+
 def cell_order(cfg: dict, phase: str, arm: str, rep_index: int, workloads: list[str], concurrency: list[int]) -> list[dict]:
     base = [{"workload": w, "concurrency": c} for w, c in product(workloads, concurrency)]
     _rng(cfg["study"]["seed"], phase, "cells", arm).shuffle(base)
@@ -133,7 +153,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     plan_cfg = cfg.get("plan") or {}
     blocks = int(plan_cfg.get("blocks", 1))
     drift_n = int(plan_cfg.get("drift_baselines_per_block", 0))
-    drift_cell = plan_cfg.get("drift_cell") or {"workload": workloads[0], "concurrency": design["concurrency"][0]}
+    drift = drift_cell(cfg, phase, prereg)
     deployments: list[dict] = []
     names = [a["name"] for a in chosen]
     by_block: dict[int, list[dict]] = {b: [] for b in range(1, blocks + 1)}
@@ -156,7 +176,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
         for _ in range(drift_n if "baseline" in names else 0):
             drift_counter += 1
             by_block[block].append({"phase": phase, "arm": "baseline", "rep": f"drift{drift_counter}", "kind": "drift",
-                                    "round": None, "block": block, "adaptive": False, "cells": [dict(drift_cell)]})
+                                    "round": None, "block": block, "adaptive": False, "cells": [dict(drift)]})
     # Adaptive rounds come after the drift baselines so that nothing always-run waits for a round that may not run.
     for r in range(initial + 1, cap + 1):
         add_round(r)
@@ -172,7 +192,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
         "phase": phase,
         "seed": seed,
         "design": {**design, "max_repeats": cap, "workloads": workloads, "blocks": blocks, "drift_baselines_per_block": drift_n,
-                   "drift_cell": drift_cell, "deployment_order": "randomized complete blocks (one of each arm per round)",
+                   "drift_cell": drift, "deployment_order": "randomized complete blocks (one of each arm per round)",
                    "cell_order": "seeded shuffle, Latin-square rotation by repeat index"},
         "arms": [{k: v for k, v in a.items() if k not in ("servable",)} for a in chosen],
         "skipped": skipped,
