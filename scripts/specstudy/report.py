@@ -466,10 +466,10 @@ def _capacity_section(B, results: Path, out: Path) -> None:
     import shutil
 
     from . import capacity
+    from .records import read_knee
 
     B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
-    knees = {p.parent.name: _load(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
-    knees = {a: k for a, k in knees.items() if isinstance(k, dict)}
+    knees = {p.parent.name: read_knee(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
     if not knees:
         B.append(("p", "Missing: no results/capacity/*/knee.json (run `snakemake capacity`)."))
         return
@@ -480,17 +480,16 @@ def _capacity_section(B, results: Path, out: Path) -> None:
                    "count as server saturation."))
     rows = []
     for arm, k in knees.items():
-        dep = k.get("deployment") or {}
-        conf = k.get("confirmation") or {}
-        kv, av = conf.get("knee_verdicts") or [], conf.get("above_verdicts") or []
+        kv, av = k.confirmation.knee_verdicts, k.confirmation.above_verdicts
         soaks = (f"{sum(v == 'pass' for v in kv)}/{len(kv)} pass, {sum(v == 'fail' for v in av)}/{len(av)} fail"
                  if kv or av else "–")
-        notes = [str(r.get("code")) for r in k.get("reasons") or [] if isinstance(r, dict)]
-        notes += [f"knee moved {m.get('direction')} from {_f(m.get('from_knee_rps'), '{:.3g}')}"
-                  for m in conf.get("moves") or [] if isinstance(m, dict)]
-        rows.append([arm, _f(k.get("knee_rps"), "{:.3g}"), _f(k.get("step_above_rps"), "{:.3g}"), k.get("status"), soaks,
-                     _f((k.get("client_capacity") or {}).get("rps"), "{:.3g}"),
-                     _f(capacity.kv_capacity_tokens(dep) if dep else None, "{:,.0f}"), "; ".join(notes) or "–"])
+        notes = [r.code for r in k.reasons]
+        notes += [f"knee moved {m.direction} from {_f(m.from_knee_rps, '{:.3g}')}"
+                  for m in k.confirmation.moves or []]
+        rows.append([arm, _f(k.knee_rps, "{:.3g}"), _f(k.step_above_rps, "{:.3g}"), k.status, soaks,
+                     _f(k.client_capacity.rps, "{:.3g}"),
+                     _f(capacity.kv_capacity_tokens(k.deployment) if k.deployment else None, "{:,.0f}"),
+                     "; ".join(notes) or "–"])
     B.append(("table", ["arm", "knee (req/s)", "step above (req/s)", "status", "soaks: knee, above",
                         "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
     if "baseline" in knees:
