@@ -340,8 +340,9 @@ class SelectionRecord(msgspec.Struct):
 
 
 # The capacity search's records and the plan are read back exactly as written: fields the schema leaves
-# optional default to UNSET (omitted when encoded), and fields are declared in the writer's order (kw_only), so
-# a record decodes and re-encodes to the same JSON.
+# optional default to UNSET (omitted when encoded, so an absent key stays absent), numbers stay int or float as
+# written (``Num``), and open sections stay mappings; a record decodes and re-encodes (atomic's sorted-key JSON)
+# to the same bytes. kw_only lets the fields follow the writer's order.
 
 
 class CapacityStep(msgspec.Struct, kw_only=True):
