@@ -24,6 +24,11 @@ Algorithm (see ``docs/capacity.md``):
 
 The search logic (:func:`search`) only needs ``step_runner(rate) -> StepResult``; the real runner
 (:func:`make_step_runner`) drives :func:`specstudy.loadgen.run_open_loop` and samples ``/metrics``.
+
+Kept as one module (over ~700 lines): the gates, the judgment of a step, the search, the records it writes
+(steps, soaks, knee) and their plot are one procedure (``docs/capacity.md``); the measuring runner
+(:class:`MetricsSampler`, :func:`summarize_step`, :func:`make_step_runner`) is the part that could stand
+alone, kept here because it fills exactly the :class:`StepResult` the judgment reads.
 """
 
 from __future__ import annotations

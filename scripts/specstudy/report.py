@@ -5,6 +5,10 @@
 The report is built from the Parquet tables (:mod:`specstudy.tables`), a few raw JSON files
 (selection, corpora, capacity) and the resolved config. Every section works with missing pieces
 and says what is missing. Section meanings: docs/report.md.
+
+Kept as one module (over ~700 lines): it is one document; each section owns its wording, its plot and what
+it says when an input is missing, and they share the formatting helpers and the plot captions (also used by
+``snakemake --report``); the plot functions are the part that could stand alone.
 """
 
 from __future__ import annotations
