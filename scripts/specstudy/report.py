@@ -611,7 +611,8 @@ def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
 
 
 def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
-    from specstudy import atomic, decision, stats
+    from specstudy import atomic, decision
+    from specstudy.deployment.command import recommended_speculative_config, vllm_args_patch
 
     r = s["recommendation"]
     rule = rec.get("rule") or {}
@@ -672,8 +673,8 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
         dep = next((d for d in deps if d["arm"] == arm and d.get("status") != "failed"
                     and d.get("phase") == rec["phase"]), None) or next((d for d in deps if d["arm"] == arm), {})
         spec = json.loads(dep["arm_spec"]) if dep.get("arm_spec") else None
-        cfg = stats.speculative_config(spec, dep.get("speculative_config"), r["draft_model"])
-        args, diff = stats.vllm_args_patch(list(r["launch_args"] or []), cfg)
+        cfg = recommended_speculative_config(spec, dep.get("speculative_config"), r["draft_model"])
+        args, diff = vllm_args_patch(list(r["launch_args"] or []), cfg)
         name = "vllm-args.patch" if label == "all" else f"vllm-args-{label}.patch"
         atomic.write_text(out / name, diff)
         atomic.write_json(out / name.replace(".patch", ".json"), {"arm": arm, "workload": label, "args": args,
