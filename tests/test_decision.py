@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from specstudy import decision, stats
+from specstudy import decision, intervals, stats
 from specstudy.config import ConfigError, load_prereg
 
 PREREG = {"version": 1,
@@ -29,7 +29,7 @@ BORDER = [0.97, 1.05, 1.00]  # median 1.00: the old point rule called this fine;
 def comp(arm, w, c, speedups, phase="confirm"):
     reps = [{"rep": i + 1, "speedup": s, "arm_otps": 100 * s, "base_otps": 100.0} for i, s in enumerate(speedups)]
     return {"phase": phase, "arm": arm, "workload": w, "concurrency": c, "repeats": reps,
-            "speedup": stats.describe(speedups)}
+            "speedup": intervals.describe(speedups)}
 
 
 def study(per_cell: dict[tuple[str, int], list[float]], arm="ngram-k4"):

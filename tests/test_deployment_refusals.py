@@ -39,7 +39,12 @@ def spec(tmp_path, monkeypatch):
 
 def test_cell_refuses_to_run_when_the_corpus_digest_differs_from_the_plan(tmp_path, spec):
     plan = tmp_path / "plan.json"
-    atomic.write_json(plan, {"corpora": {spec["cells"][0]["corpus_dir"]: {"digest": "0" * 64}}})
+    atomic.write_json(plan, {"schema": "specstudy.plan/1", "phase": "screen", "seed": 1, "design": {},
+                             "arms": [spec["arm"]], "skipped": [],
+                             "deployments": [{"phase": "screen", "arm": "baseline", "rep": "rep1", "kind": "repeat",
+                                              "block": 1, "order": 0, "after": None,
+                                              "cells": [{"workload": "code", "concurrency": 1}]}],
+                             "corpora": {spec["cells"][0]["corpus_dir"]: {"digest": "0" * 64}}})
     out = tmp_path / "results/screen/baseline/rep1"
     assert run_deployment(spec, out, str(plan), results_root=tmp_path / "results") == 0
     cell = atomic.read_json(out / "code/c1/summary.json")

@@ -73,9 +73,10 @@ def _plan_and_settings(tmp_path: Path) -> tuple[dict, dict]:
     fakepy.chmod(0o755)
     _corpus(tmp_path / "results" / "corpora" / "bundled-code", "1", 12, 40)
     _corpus(tmp_path / "results" / "corpora" / "bundled-smoke", "1", 2, 8)
-    plan = {"schema": "specstudy.plan/1", "phase": "screen", "arms": [{"name": "baseline", "method": "baseline"}],
+    plan = {"schema": "specstudy.plan/1", "phase": "screen", "seed": 1, "design": {},
+            "arms": [{"name": "baseline", "method": "baseline"}], "skipped": [],
             "deployments": [{"phase": "screen", "arm": "baseline", "rep": "rep1", "kind": "repeat", "block": 1,
-                             "order": 0, "cells": [{"workload": "code", "concurrency": 1},
+                             "order": 0, "after": None, "cells": [{"workload": "code", "concurrency": 1},
                                                    {"workload": "code", "concurrency": 2}]}]}
     settings = {
         "study": {"name": "t", "seed": 1},

@@ -141,3 +141,140 @@ def test_selection_record(tmp_path):
     assert check["present"] and check["used_confirmation"] is False and check["candidates"] == ["draft-k3-tp4"]
     sel["inputs"].append({"path": "results/confirm/baseline/rep1/code/c1/summary.json", "sha256": "2" * 64})
     assert report.selection_check(records.to_record(sel, records.SelectionRecord))["used_confirmation"] is True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# capacity step / knee and the plan: read back exactly as their writers wrote them
+# ---------------------------------------------------------------------------------------------------------
+def _same_json(typed, raw: bytes) -> None:
+    """``typed`` re-encodes, by the writer's canonical encoding (atomic: sorted keys), to the very bytes it was
+    decoded from: a ``.json`` record or one ``.jsonl`` line."""
+    import json
+
+    import msgspec
+
+    from specstudy import atomic
+
+    data = msgspec.to_builtins(typed)
+    again = atomic.dumps_json(data) if raw.startswith(b"{\n") else json.dumps(data, sort_keys=True, allow_nan=False)
+    assert again.encode() == raw
+
+
+def _capacity_search(tmp_path):
+    """A real capacity search (capacity.run_capacity) against a synthetic server that saturates above 10 rps."""
+    import json
+
+    client = {"lateness_ms": {"p99": 0.5}, "cpu_share": 0.05, "pool_wait_ms": {"p99": 0.0},
+              "event_loop_lag_ms": {"p99": 1.0}, "limited": False, "limited_reasons": []}
+
+    def runner(rate):
+        over = rate > 10.0
+        return capacity.StepResult(
+            offered_rate=rate, achieved_rate=min(rate, 10.0), n_requests=100, n_errors=0, error_rate=0.0,
+            ttft_p50_ms=50.0, ttft_p95_ms=5000.0 if over else 120.0, tpot_p50_ms=20.0, tpot_p95_ms=25.0,
+            backlog_slope=rate - 10.0 if over else 0.01, backlog_slope_t=50.0 if over else 0.2, waiting_samples=60,
+            preemptions=0, kv_cache_usage_max=0.5, client=client, duration_s=60.0)
+
+    out = tmp_path / "capacity" / "draft-k3-tp1"
+    dep = {"deployment_id": "d1", "arm": {"name": "draft-k3-tp1", "method": "draft_model"},
+           "cache_config": {"num_gpu_blocks": 1000, "block_size": 16}, "confounds": {"kv_cache": {"tokens": 15000}}}
+    knee = capacity.run_capacity("http://unused", "m", None, {"ttft_p95_ms": 1000},
+                                 json.dumps({"resolution_frac": 0.05, "soak": {"count": 2}}),
+                                 out, None, deployment_record=dep, step_runner=runner)
+    return out, knee
+
+
+def test_capacity_records_read_back_as_written(tmp_path):
+    out, knee = _capacity_search(tmp_path)
+    for name in ("steps.jsonl", "soaks.jsonl"):
+        lines = (out / name).read_bytes().splitlines()
+        rows = records.read_capacity_steps(out / name)
+        assert lines and len(rows) == len(lines)
+        for row, line in zip(rows, lines, strict=True):
+            _same_json(row, line)
+    steps, soaks = records.read_capacity_steps(out / "steps.jsonl"), records.read_capacity_steps(out / "soaks.jsonl")
+    assert steps[0].preemptions == 0 and isinstance(steps[0].preemptions, int)  # a number stays as written
+    assert steps[0].soak_round is records.UNSET and soaks[0].soak_round == 0 and soaks[0].phase == "soak_knee"
+    assert all(s.gates["ttft_p95"] in ("pass", "fail") for s in steps)
+    k = records.read_knee(out / "knee.json")
+    _same_json(k, (out / "knee.json").read_bytes())
+    assert k.status == knee["status"] == "confirmed" and k.knee_rps == knee["knee_rps"]
+    assert k.confirmation.knee_verdicts == ["pass", "pass"] and k.confirmation.moves == []
+    assert capacity.kv_capacity_tokens(k.deployment) == 15000
+    assert records.to_record(knee, records.CapacityKnee) == k  # run_capacity's return is the same record
+    assert capacity.compare_knees(k, out / "knee.json").startswith("the draft costs 0.0% of the KV pool")
+
+
+def test_a_plan_reads_back_as_written(tmp_path, monkeypatch):
+
+    from specstudy import atomic, plan, schemas
+    from specstudy.config import load_config
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    p = plan.make_plan(load_config("config/config.yaml"), "confirm", arms=["baseline"])
+    p["corpora"] = {"results/corpora/code/v1": {"name": "code", "version": 1, "digest": "0" * 64}}
+    p["selection"] = {"path": "results/selection/selection.json", "sha256": "1" * 64}
+    schemas.validate(p, "plan", "plan.json")  # what plan._cmd_plan writes
+    path = atomic.write_json(tmp_path / "confirm.json", p)
+    typed = records.read_plan(path)
+    _same_json(typed, path.read_bytes())
+    assert typed.selection.sha256 == "1" * 64 and typed.corpora["results/corpora/code/v1"].digest == "0" * 64
+    dep = typed.deployment("baseline", "rep1")
+    assert (dep.kind, dep.round, dep.after) == ("repeat", 1, p["deployments"][dep.order]["after"])
+    assert [(c.workload, c.concurrency) for c in dep.cells] == [(c["workload"], c["concurrency"])
+                                                               for c in p["deployments"][dep.order]["cells"]]
+    drift = [d for d in typed.deployments if d.kind == "drift"]
+    assert all(d.round is None for d in drift)
+    with pytest.raises(KeyError, match="no deployment baseline/rep99"):
+        typed.deployment("baseline", "rep99")
+    # a screening plan has neither corpora nor selection: they stay absent
+    screen = plan.make_plan(load_config("config/config.yaml"), "screen")
+    path = atomic.write_json(tmp_path / "screen.json", screen)
+    typed = records.read_plan(path)
+    assert typed.selection is records.UNSET and not typed.corpora
+    _same_json(typed, path.read_bytes())
+
+
+def test_bad_capacity_and_plan_records_name_file_and_field(tmp_path):
+    import json
+
+    out, knee = _capacity_search(tmp_path)
+    row = json.loads((out / "steps.jsonl").read_bytes().splitlines()[1])
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text(json.dumps(row) + "\n" + json.dumps({k: v for k, v in row.items() if k != "verdict"}) + "\n")
+    with pytest.raises(records.RecordError, match=r"steps\.jsonl:2: .*required field `verdict`"):
+        records.read_capacity_steps(bad)
+    bad.write_text(json.dumps(dict(row, offered_rate="fast")) + "\n")
+    with pytest.raises(records.RecordError, match=r"steps\.jsonl:1: .*\$\.offered_rate"):
+        records.read_capacity_steps(bad)
+    bad.write_text(json.dumps(row) + "\n{\n")
+    with pytest.raises(records.RecordError, match=r"steps\.jsonl:2: not valid JSON"):
+        records.read_capacity_steps(bad)
+    with pytest.raises(records.RecordError, match=r"missing\.jsonl: cannot read"):
+        records.read_capacity_steps(tmp_path / "missing.jsonl")
+
+    k = tmp_path / "knee.json"
+    k.write_text(json.dumps(dict(knee, confirmation=dict(knee["confirmation"], knee_verdicts="pass"))))
+    with pytest.raises(records.RecordError, match=r"knee\.json: .*\$\.confirmation\.knee_verdicts"):
+        records.read_knee(k)
+    k.write_text(json.dumps({key: v for key, v in knee.items() if key != "client_capacity"}))
+    with pytest.raises(records.RecordError, match=r"knee\.json: .*required field `client_capacity`"):
+        records.read_knee(k)
+    with pytest.raises(records.RecordError, match=r"<knee>: .*\$\.knee_rps"):
+        capacity.compare_knees(dict(knee, knee_rps="high"), knee)
+
+    from specstudy import plan
+    from specstudy.config import load_config
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    p = plan.make_plan(load_config(root / "config" / "config.yaml"), "screen")
+    pp = tmp_path / "screen.json"
+    p["deployments"][0]["block"] = "first"
+    pp.write_text(json.dumps(p))
+    with pytest.raises(records.RecordError, match=r"screen\.json: .*\$\.deployments\[0\]\.block"):
+        records.read_plan(pp)
+    del p["deployments"][0]["block"], p["deployments"][1]["cells"]
+    pp.write_text(json.dumps(p))
+    with pytest.raises(records.RecordError, match=r"screen\.json: .*required field `block`.*\$\.deployments\[0\]"):
+        records.read_plan(pp)

@@ -41,9 +41,13 @@ def test_report_full_tree(tmp_path):
     for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
         (res / "capacity" / arm).mkdir(parents=True)
         (res / "capacity" / arm / "knee.json").write_text(json.dumps(
-            {"arm": arm, "status": "confirmed", "knee_rps": knee, "step_above_rps": knee * 1.25,
-             "client_capacity": {"rps": 64.0}, "deployment": {"cache_config": {"kv_cache_tokens": kv}}, "reasons": [],
-             "confirmation": {"knee_verdicts": ["pass"] * 3, "above_verdicts": ["fail", "pass", "fail"],
+            {"schema": "specstudy.capacity-knee/1", "arm": arm, "status": "confirmed", "knee_rps": knee,
+             "step_above_rps": knee * 1.25,
+             "bracket": {"last_pass_rps": knee * 1.25, "first_fail_rps": knee * 1.5, "client_limited_rps": None},
+             "resolution_frac": 0.05, "client_capacity": {"rps": 64.0, "source": "config"},
+             "deployment": {"cache_config": {"kv_cache_tokens": kv}}, "reasons": [],
+             "confirmation": {"count": 3, "duration_s": 60, "knee_verdicts": ["pass"] * 3,
+                              "above_verdicts": ["fail", "pass", "fail"], "confirmed": True,
                               "moves": [{"from_knee_rps": knee * 1.25, "to_knee_rps": knee, "direction": "down"}]}}))
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH},

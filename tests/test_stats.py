@@ -1,4 +1,5 @@
-"""Tests for specstudy.stats: hand-computed statistics, coverage, pairing, drift, recommendation."""
+"""Tests for specstudy.stats and specstudy.intervals: hand-computed statistics, coverage, pairing, drift,
+recommendation and its vLLM patch (specstudy.deployment.command)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstudy import stats
+from specstudy import intervals, stats
+from specstudy.deployment import command
 
 T_975_DF1 = 12.706204736174698
 T_975_DF2 = 4.302652729749464
 
 
 def test_describe_hand_computed():
-    d = stats.describe([1.0, 1.21])
+    d = intervals.describe([1.0, 1.21])
     assert d["n"] == 2 and d["median"] == pytest.approx(1.105)
     assert d["geomean"] == pytest.approx(1.1)
     m, sd = math.log(1.21) / 2, math.log(1.21) / math.sqrt(2)
     h = T_975_DF1 * sd / math.sqrt(2)
     assert d["ci_low"] == pytest.approx(math.exp(m - h)) and d["ci_high"] == pytest.approx(math.exp(m + h))
-    d4 = stats.describe([1.0, 2.0, 3.0, 4.0])
+    d4 = intervals.describe([1.0, 2.0, 3.0, 4.0])
     assert (d4["median"], d4["q1"], d4["q3"], d4["min"], d4["max"]) == (2.5, 1.75, 3.25, 1.0, 4.0)
 
 
@@ -30,7 +32,7 @@ def test_t_interval_three_repeats():
     vals = [1.1, 1.2, 1.3]
     logs = np.log(vals)
     h = T_975_DF2 * logs.std(ddof=1) / math.sqrt(3)
-    lo, hi = stats.t_log_interval(vals)
+    lo, hi = intervals.t_log_interval(vals)
     assert lo == pytest.approx(math.exp(logs.mean() - h)) and hi == pytest.approx(math.exp(logs.mean() + h))
 
 
@@ -42,36 +44,36 @@ def test_exact_bootstrap_percentile_two_values():
     lo_pos, hi_pos = 0.025 * 3, 0.975 * 3
     exp_lo = la + lo_pos * (mid - la)
     exp_hi = mid + (hi_pos - 2) * (lb - mid)
-    (lo, hi), used = stats.bootstrap_interval([a, b], method="percentile")
+    (lo, hi), used = intervals.bootstrap_interval([a, b], method="percentile")
     assert used == "percentile"
     assert lo == pytest.approx(math.exp(exp_lo)) and hi == pytest.approx(math.exp(exp_hi))
 
 
 def test_bca_falls_back_when_degenerate():
-    (lo, hi), used = stats.bootstrap_interval([1.1, 1.1, 1.1], method="bca")
+    (lo, hi), used = intervals.bootstrap_interval([1.1, 1.1, 1.1], method="bca")
     assert used.startswith("percentile") and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
-    _, used = stats.bootstrap_interval([1.0, 1.1, 1.3, 1.2, 1.25], method="bca")
+    _, used = intervals.bootstrap_interval([1.0, 1.1, 1.3, 1.2, 1.25], method="bca")
     assert used == "bca"
 
 
 def test_describe_edge_cases():
-    assert stats.describe([])["median"] is None
-    one = stats.describe([1.2])
+    assert intervals.describe([])["median"] is None
+    one = intervals.describe([1.2])
     assert one["median"] == 1.2 and one["ci_low"] is None and "one repeat" in one["ci_note"]
-    assert stats.describe([None, float("nan"), -1, 1.5])["n"] == 1
+    assert intervals.describe([None, float("nan"), -1, 1.5])["n"] == 1
 
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_coverage_t_interval_near_nominal(n):
-    cov = stats.coverage_simulation(n, "t_log", sims=1000, seed=11)
+    cov = intervals.coverage_simulation(n, "t_log", sims=1000, seed=11)
     # binomial SE at 1000 sims is 0.007: accept 0.93..0.97
     assert 0.93 <= cov <= 0.97, cov
 
 
 def test_percentile_bootstrap_undercovers_with_three_repeats():
     """Documented reason for choosing the t interval: the percentile bootstrap covers ~2/3 at n=3."""
-    boot = stats.coverage_simulation(3, "bootstrap_percentile", sims=400, seed=3)
-    t = stats.coverage_simulation(3, "t_log", sims=400, seed=3)
+    boot = intervals.coverage_simulation(3, "bootstrap_percentile", sims=400, seed=3)
+    t = intervals.coverage_simulation(3, "t_log", sims=400, seed=3)
     assert boot < 0.85 < t
 
 
@@ -106,7 +108,7 @@ def test_comparisons_pair_by_rep_and_count_exclusions():
 def _comp(arm, w, c, speedups, phase="confirm"):
     reps = [{"rep": i, "speedup": s, "arm_otps": 100 * s, "base_otps": 100.0} for i, s in enumerate(speedups)]
     return {"phase": phase, "arm": arm, "workload": w, "concurrency": c, "repeats": reps,
-            "speedup": stats.describe(speedups), "method": "draft_model", "num_speculative_tokens": 3,
+            "speedup": intervals.describe(speedups), "method": "draft_model", "num_speculative_tokens": 3,
             "draft_tensor_parallel_size": 4}
 
 
@@ -154,10 +156,10 @@ def test_mixture_speedup_hand_computed():
 
 
 def test_cell_status_is_the_interval_verdict():
-    assert stats.cell_status({"speedup": stats.describe(WIN)}, 0.05, 0.02) == "gain"
-    assert stats.cell_status({"speedup": stats.describe(LOSE)}, 0.05, 0.02) == "regression"
-    assert stats.cell_status({"speedup": stats.describe([1.0, 1.2, 0.8])}, 0.05, 0.02) == "inconclusive"
-    assert stats.cell_status({"speedup": stats.describe([1.0])}, 0.05, 0.02) == "missing"
+    assert stats.cell_status({"speedup": intervals.describe(WIN)}, 0.05, 0.02) == "gain"
+    assert stats.cell_status({"speedup": intervals.describe(LOSE)}, 0.05, 0.02) == "regression"
+    assert stats.cell_status({"speedup": intervals.describe([1.0, 1.2, 0.8])}, 0.05, 0.02) == "inconclusive"
+    assert stats.cell_status({"speedup": intervals.describe([1.0])}, 0.05, 0.02) == "missing"
 
 
 @pytest.mark.parametrize("verdict", ["fail", "no_verdict", None])
@@ -194,12 +196,12 @@ def test_recommend_without_confirmation():
 
 def test_patch_replaces_existing_speculative_config():
     args = ["vllm", "serve", "m", "--speculative-config", '{"method":"ngram"}', "--port", "8000"]
-    cfg = stats.speculative_config({"method": "draft_model", "num_speculative_tokens": 3,
-                                    "draft_tensor_parallel_size": 4}, None, "/models/draft")
-    new, diff = stats.vllm_args_patch(args, cfg)
+    cfg = command.recommended_speculative_config({"method": "draft_model", "num_speculative_tokens": 3,
+                                                  "draft_tensor_parallel_size": 4}, None, "/models/draft")
+    new, diff = command.vllm_args_patch(args, cfg)
     assert new.count("--speculative-config") == 1 and json.loads(new[-1])["model"] == "/models/draft"
     assert "-" + "--speculative-config '{\"method\":\"ngram\"}'" in diff and "+--speculative-config" in diff
-    recorded = stats.speculative_config(None, '{"method": "ngram", "num_speculative_tokens": 3}')
+    recorded = command.recommended_speculative_config(None, '{"method": "ngram", "num_speculative_tokens": 3}')
     assert recorded == {"method": "ngram", "num_speculative_tokens": 3}
 
 

@@ -24,6 +24,11 @@ Algorithm (see ``docs/capacity.md``):
 
 The search logic (:func:`search`) only needs ``step_runner(rate) -> StepResult``; the real runner
 (:func:`make_step_runner`) drives :func:`specstudy.loadgen.run_open_loop` and samples ``/metrics``.
+
+Kept as one module (over ~700 lines): the gates, the judgment of a step, the search, the records it writes
+(steps, soaks, knee) and their plot are one procedure (``docs/capacity.md``); the measuring runner
+(:class:`MetricsSampler`, :func:`summarize_step`, :func:`make_step_runner`) is the part that could stand
+alone, kept here because it fills exactly the :class:`StepResult` the judgment reads.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy import atomic
-from specstudy.records import kv_cache_tokens
+from specstudy.records import CapacityKnee, CapacityStep, kv_cache_tokens, read_capacity_steps, read_knee, to_record
 from specstudy.stat_util import percentile
 
 SCHEMA_GATES = "specstudy.capacity-gates/1"
@@ -834,26 +839,33 @@ def deployment_summary(record: dict | str | os.PathLike | None) -> dict | None:
     })
 
 
-def compare_knees(baseline_knee: dict | str | os.PathLike, candidate_knee: dict | str | os.PathLike) -> str:
+def _knee(knee: CapacityKnee | dict | str | os.PathLike) -> CapacityKnee:
+    """A typed knee from a record, its dict (capacity.run_capacity's return) or its ``knee.json``."""
+    if isinstance(knee, CapacityKnee):
+        return knee
+    return to_record(knee, CapacityKnee, "<knee>") if isinstance(knee, dict) else read_knee(knee)
+
+
+def compare_knees(baseline_knee: CapacityKnee | dict | str | os.PathLike,
+                  candidate_knee: CapacityKnee | dict | str | os.PathLike) -> str:
     """"the draft costs X% of the KV pool and moves the knee by Y" from two ``knee.json`` records."""
-    b = baseline_knee if isinstance(baseline_knee, dict) else atomic.read_json(baseline_knee)
-    c = candidate_knee if isinstance(candidate_knee, dict) else atomic.read_json(candidate_knee)
-    kb, kc = kv_capacity_tokens(b.get("deployment")), kv_capacity_tokens(c.get("deployment"))
+    b, c = _knee(baseline_knee), _knee(candidate_knee)
+    kb, kc = kv_capacity_tokens(b.deployment), kv_capacity_tokens(c.deployment)
     if kb and kc is not None:
         cost = f"costs {100.0 * (kb - kc) / kb:.1f}% of the KV pool ({kb:,.0f} -> {kc:,.0f} tokens)"
     else:
         cost = "costs an unknown share of the KV pool (no KV capacity in the deployment records)"
-    qb, qc = _num(b.get("knee_rps")), _num(c.get("knee_rps"))
+    qb, qc = _num(b.knee_rps), _num(c.knee_rps)
     if qb is not None and qc is not None:
         d = qc - qb
         pct = f", {100.0 * d / qb:+.1f}%" if qb else ""
         move = f"moves the knee by {d:+.3g} req/s ({qb:.3g} -> {qc:.3g} req/s{pct})"
     else:
         move = "moves the knee by an unknown amount (a knee is missing)"
-    caveats = [f"{name} knee {rec.get('status')}" for name, rec in (("baseline", b), ("candidate", c))
-               if rec.get("status") != "confirmed"]
+    caveats = [f"{name} knee {rec.status}" for name, rec in (("baseline", b), ("candidate", c))
+               if rec.status != "confirmed"]
     tail = f" [{'; '.join(caveats)}]" if caveats else ""
-    method = ((c.get("deployment") or {}).get("arm") or {}).get("method")
+    method = ((c.deployment or {}).get("arm") or {}).get("method")  # the summary's arm: the record's, or None
     subject = {None: "the draft", "draft_model": "the draft", "ngram": "n-gram speculation (no draft model)"}.get(
         method, f"the {method} arm")
     return f"{subject} {cost} and {move}{tail}"
@@ -863,7 +875,8 @@ def compare_knees(baseline_knee: dict | str | os.PathLike, candidate_knee: dict 
 # plot
 
 
-def plot_capacity(steps: list[dict], soaks: list[dict], knee: dict, gates: dict, path: str | os.PathLike) -> Path:
+def plot_capacity(steps: list[CapacityStep], soaks: list[CapacityStep], knee: CapacityKnee, gates: dict,
+                  path: str | os.PathLike) -> Path:
     """Achieved rate and latency percentiles vs offered rate, gates drawn (matplotlib Agg)."""
     import io
 
@@ -875,33 +888,34 @@ def plot_capacity(steps: list[dict], soaks: list[dict], knee: dict, gates: dict,
     colors = {"pass": "tab:green", "fail": "tab:red", "client_limited": "tab:gray"}
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     pts = steps + soaks
-    xs = [s["offered_rate"] for s in pts]
+    xs = [s.offered_rate for s in pts]
     if xs:
         lim = max(xs) * 1.1
         ax1.plot([0, lim], [0, lim], ls=":", color="k", lw=0.8, label="achieved = offered")
     for verdict, col in colors.items():
-        sel = [s for s in pts if s["verdict"] == verdict and s.get("achieved_rate") is not None]
-        ax1.scatter([s["offered_rate"] for s in sel], [s["achieved_rate"] for s in sel], c=col, label=verdict,
+        sel = [s for s in pts if s.verdict == verdict and s.achieved_rate is not None]
+        ax1.scatter([s.offered_rate for s in sel], [s.achieved_rate for s in sel], c=col, label=verdict,
                     marker="o", s=30)
-    ordered = sorted((s for s in steps), key=lambda s: s["offered_rate"])
+    ordered = sorted(steps, key=lambda s: s.offered_rate)
     for key, style, gate in (("ttft_p95_ms", "-", gates.get("ttft_p95_ms")), ("ttft_p50_ms", "--", None),
                              ("tpot_p95_ms", "-", gates.get("tpot_p95_ms")), ("tpot_p50_ms", "--", None)):
-        sel = [s for s in ordered if s.get(key) is not None]
+        sel = [s for s in ordered if getattr(s, key) is not None]
         if sel:
-            line = ax2.plot([s["offered_rate"] for s in sel], [s[key] for s in sel], style, marker=".", label=key)[0]
+            line = ax2.plot([s.offered_rate for s in sel], [getattr(s, key) for s in sel], style, marker=".",
+                            label=key)[0]
             if gate is not None:
                 ax2.axhline(gate, color=line.get_color(), lw=0.8, ls=":", label=f"gate {key} = {gate:g}")
     for ax in (ax1, ax2):
-        if knee.get("knee_rps") is not None:
-            ax.axvline(knee["knee_rps"], color="tab:blue", lw=1, label=f"knee {knee['knee_rps']:.3g} ({knee['status']})")
-        cap = (knee.get("client_capacity") or {}).get("rps")
+        if knee.knee_rps is not None:
+            ax.axvline(knee.knee_rps, color="tab:blue", lw=1, label=f"knee {knee.knee_rps:.3g} ({knee.status})")
+        cap = knee.client_capacity.rps
         if cap is not None:
             ax.axvline(cap, color="tab:gray", lw=1, ls="--", label=f"client capacity {cap:.3g}")
     ax1.set_ylabel("achieved completions/s")
     ax2.set_ylabel("latency (ms)")
     ax2.set_yscale("log")
     ax2.set_xlabel("offered rate (requests/s, Poisson)")
-    ax1.set_title(f"capacity {knee.get('arm') or ''}: {knee.get('status')}")
+    ax1.set_title(f"capacity {knee.arm or ''}: {knee.status}")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.tight_layout()
@@ -979,7 +993,8 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
     schemas.validate(knee, "capacity-knee", out / "knee.json")
     atomic.write_json(out / "knee.json", knee)
     try:
-        plot_capacity(outcome.steps, outcome.soaks, knee, g, out / "capacity.png")
+        plot_capacity([to_record(r, CapacityStep) for r in outcome.steps],
+                      [to_record(r, CapacityStep) for r in outcome.soaks], _knee(knee), g, out / "capacity.png")
     except Exception as exc:  # a plot failure must not lose the measurement
         knee["reasons"].append({"code": "plot_failed", "detail": f"{type(exc).__name__}: {exc}"})
         atomic.write_json(out / "knee.json", knee)
@@ -1048,9 +1063,8 @@ def _cmd_compare(args) -> int:
 def _cmd_plot(args) -> int:
     out = Path(args.dir)
     g = atomic.read_json(out / "gates.json")["gates"]
-    soaks = atomic.read_jsonl(out / "soaks.jsonl") if (out / "soaks.jsonl").exists() else []
-    plot_capacity(atomic.read_jsonl(out / "steps.jsonl"), soaks, atomic.read_json(out / "knee.json"), g,
-                  out / "capacity.png")
+    plot_capacity(read_capacity_steps(out / "steps.jsonl"), read_capacity_steps(out / "soaks.jsonl"),
+                  read_knee(out / "knee.json"), g, out / "capacity.png")
     return 0
 
 

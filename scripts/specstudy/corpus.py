@@ -18,6 +18,10 @@ serialization of the prompts (in order, with caps) together with the template, s
 importer options and source hashes (see ``digest_basis`` in ``corpus.json``).
 
 Heavy imports (transformers) happen inside functions only.
+
+Kept as one module (over ~700 lines): the spec, the importers, the deterministic build and the digest check
+are one thing, a corpus and what its digest covers (importer options, template, filters, seed, sources);
+split, the digest basis would sit apart from the code that produces what it hashes.
 """
 
 from __future__ import annotations

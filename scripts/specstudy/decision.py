@@ -421,7 +421,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
         raise DecisionRuleError(f"round {round_n}: outside the pre-registered rounds {rule['initial_repeats']}.."
                                 f"{rule['max_repeats']} (confirmation.repeats .. confirmation.stopping.max_repeats in "
                                 f"{prereg_path(cfg)})")
-    plan = atomic.read_json(plan_path)
+    plan = records.read_plan(plan_path)
     rows = []
     for p in summary_paths:
         m = re.search(_CELL_PATH, p.replace("\\", "/"))
@@ -440,8 +440,8 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
     # explicitly (the record says so); the final recommendation requires the confirmation gates.
     rec = stats.recommend(stats.comparisons(rows, ccfg), gates, ccfg, prereg, gate_phase="screen")
     nxt = next_round(rec, round_n, rule)
-    upcoming = [{"arm": d["arm"], "rep": d["rep"], "order": d["order"]} for d in plan["deployments"]
-                if d.get("kind") == "repeat" and d.get("round") == round_n + 1] if nxt["continue"] else []
+    upcoming = [{"arm": d.arm, "rep": d.rep, "order": d.order} for d in plan.deployments
+                if d.kind == "repeat" and d.round == round_n + 1] if nxt["continue"] else []
     state = {
         "schema": "specstudy.confirm-round/1",
         "round": round_n,

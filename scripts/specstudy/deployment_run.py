@@ -23,6 +23,7 @@ from typing import Any
 from . import atomic, prom, telemetry
 from .deployment import DeploymentError, launch, launchlog, provenance, readiness, records, utcnow
 from .deployment.spec import deployment_spec, engine_flat, fingerprint, fingerprint_context, load_settings
+from .records import Plan, read_plan
 
 
 def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
@@ -185,7 +186,7 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     0 also for a deployment that failed (a failure is data), 2 when the plan's selection does not
     verify (nothing started), 128+signal when cancelled (outputs left missing so the study resumes).
     """
-    plan = atomic.read_json(plan_path) if plan_path else {}
+    plan = read_plan(plan_path) if plan_path else None
     if spec["kind"] != "capacity" and not _selection_verified(plan, plan_path):
         return 2
     job = _open_job(spec, out, results_root, lock_path)
@@ -209,14 +210,14 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     return _write_records(job)
 
 
-def _selection_verified(plan: dict, plan_path: str | None) -> bool:
+def _selection_verified(plan: Plan | None, plan_path: str | None) -> bool:
     """A confirmation deployment runs only on the selection its plan was built from."""
-    if not plan.get("selection"):
+    if plan is None or not plan.selection:  # no plan, or a screening plan (no selection)
         return True
     from .select import SelectionError, verify_selection
 
     try:
-        verify_selection(plan["selection"]["path"], plan_path)
+        verify_selection(plan.selection.path, plan_path)
     except SelectionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return False
@@ -240,10 +241,10 @@ def _open_job(spec: dict, out: str | os.PathLike, results_root: str | os.PathLik
     return job
 
 
-def _prepare_cells(job: _Job, plan: dict, plan_path: str | None) -> None:
+def _prepare_cells(job: _Job, plan: Plan | None, plan_path: str | None) -> None:
     """Every planned cell: corpus digest against the plan, fingerprint, an earlier valid result to reuse.
     Reused cells are published now; cells whose corpus changed after planning are refused."""
-    planned_digests = {k: v.get("digest") for k, v in (plan.get("corpora") or {}).items()}
+    planned_digests = {k: v.digest for k, v in plan.corpora.items()} if plan is not None and plan.corpora else {}
     context = fingerprint_context(job.spec)
     for c in job.spec["cells"]:
         entry = {"cell": c, "declared": job.out / _cell_rel(c) / "summary.json"}
@@ -552,7 +553,7 @@ def publish_capacity(work: Path, out: Path) -> None:
 
 
 def _cmd_run(args) -> int:
-    spec = deployment_spec(atomic.read_json(args.plan), args.deployment, load_settings(args.config))
+    spec = deployment_spec(read_plan(args.plan), args.deployment, load_settings(args.config))
     # Line-buffered: Snakemake sends stdout to the job log, and `tail -f` must show lines as they come.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):

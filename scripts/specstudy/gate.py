@@ -11,6 +11,9 @@ tokenizer directory) re-tokenize the output texts.
 
 Functions: :func:`capture_greedy`, :func:`load_capture`, :func:`from_upstream_capture`,
 :func:`compare_captures`, :func:`judge`. CLI: ``specstudy gate {capture,compare,judge}``.
+
+Kept as one module (over ~700 lines): the capture record it writes, the comparisons over captures, the
+controls and the verdict are one correctness gate; split, the capture format and its readers would live apart.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ See ``docs/loadgen.md`` for the definitions.
 
 Only the standard library (and msgspec, when installed; and specstudy.stat_util, stdlib only) are imported at
 module import; aiohttp is imported when a run starts. Events are decoded with msgspec when it is installed (it is a vLLM dependency), ``json`` otherwise.
+
+Kept as one module (over ~700 lines): it is one instrument; both drivers share the per-request coroutine,
+the self-measurement and the timer thread, and the module must import with no third-party package required
+(aiohttp only when a run starts), which is easiest to keep true of one file.
 """
 
 from __future__ import annotations

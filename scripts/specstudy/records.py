@@ -3,7 +3,9 @@
 Typed records (msgspec Structs mirroring ``config/schemas/``) and their readers: :class:`CellSummary`
 (:func:`read_cell_summary`), :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
 and ``failure.json``), :class:`GateRecord` (:func:`read_gate`) and :class:`SelectionRecord`
-(:func:`read_selection`); see "Typed records" below.
+(:func:`read_selection`), the capacity search's :class:`CapacityStep` (:func:`read_capacity_steps`, rows of
+``steps.jsonl``/``soaks.jsonl``) and :class:`CapacityKnee` (:func:`read_knee`), and the :class:`Plan`
+(:func:`read_plan`); see "Typed records" below.
 
 KV capacity
 -----------
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from .errors import UserError
 
@@ -89,6 +92,7 @@ def kv_cache_tokens(record: DeploymentRecord | dict | None, sources: Sequence[st
 # names the file and the field, never a silent default.
 
 Json = dict[str, Any]
+Num = int | float  # a JSON number kept as written (an int stays an int when re-encoded)
 
 
 class RecordError(UserError):
@@ -335,6 +339,159 @@ class SelectionRecord(msgspec.Struct):
     schema: str = "specstudy.selection/1"
 
 
+# The capacity search's records and the plan are read back exactly as written: fields the schema leaves
+# optional default to UNSET (omitted when encoded, so an absent key stays absent), numbers stay int or float as
+# written (``Num``), and open sections stay mappings; a record decodes and re-encodes (atomic's sorted-key JSON)
+# to the same bytes. kw_only lets the fields follow the writer's order.
+
+
+class CapacityStep(msgspec.Struct, kw_only=True):
+    """A row of ``capacity/<arm>/steps.jsonl`` or ``soaks.jsonl`` (schema ``capacity-step``; capacity.step_row)."""
+
+    schema: str
+    arm: str | None | UnsetType = UNSET
+    index: int
+    phase: str  # bracket | bisect | soak_knee | soak_above
+    offered_rate: Num
+    achieved_rate: Num | None
+    send_rate: Num | None | UnsetType = UNSET
+    n_requests: int | UnsetType = UNSET
+    n_errors: int | UnsetType = UNSET
+    error_rate: Num | None
+    ttft_p50_ms: Num | None
+    ttft_p95_ms: Num | None
+    tpot_p50_ms: Num | None
+    tpot_p95_ms: Num | None
+    backlog_slope: Num | None
+    backlog_slope_t: Num | None | UnsetType = UNSET
+    waiting_max: Num | None | UnsetType = UNSET
+    waiting_samples: int | UnsetType = UNSET
+    preemptions: Num | None
+    kv_cache_usage_max: Num | None | UnsetType = UNSET
+    lateness_p99_ms: Num | None
+    client_cpu_share: Num | None | UnsetType = UNSET
+    pool_wait_p99_ms: Num | None | UnsetType = UNSET
+    event_loop_lag_p99_ms: Num | None | UnsetType = UNSET
+    loadgen_limited: bool | None | UnsetType = UNSET
+    loadgen_limited_reasons: list[str] | None | UnsetType = UNSET
+    duration_s: Num | None | UnsetType = UNSET
+    gates: dict[str, str]  # gate -> pass | fail | no_data | skipped
+    failed_gates: list[str] | UnsetType = UNSET
+    verdict: str  # pass | fail | client_limited
+    client_limited: bool
+    notes: list[Any] | UnsetType = UNSET
+    artifacts: str | None | UnsetType = UNSET
+    soak_round: int | UnsetType = UNSET  # soaks only
+    confirm_round: int | UnsetType = UNSET
+
+
+class KneeBracket(msgspec.Struct, kw_only=True):
+    last_pass_rps: Num | None
+    first_fail_rps: Num | None
+    client_limited_rps: Num | None
+
+
+class ClientCapacity(msgspec.Struct, kw_only=True):
+    rps: Num | None
+    source: str  # config | measured
+    measured_rps: Num | None | UnsetType = UNSET
+    ceiling_rps: Num | None | UnsetType = UNSET
+
+
+class KneeMove(msgspec.Struct, kw_only=True):
+    from_knee_rps: Num
+    to_knee_rps: Num
+    direction: str  # down | up
+    why: str | UnsetType = UNSET
+
+
+class SoakedRate(msgspec.Struct, kw_only=True):
+    rate_rps: Num
+    verdicts: list[str]
+
+
+class KneeConfirmation(msgspec.Struct, kw_only=True):
+    count: int
+    duration_s: Num
+    knee_verdicts: list[str]
+    above_verdicts: list[str]
+    knee_all_pass: bool | None | UnsetType = UNSET
+    above_any_fail: bool | None | UnsetType = UNSET
+    above_fail_majority: bool | None | UnsetType = UNSET
+    confirmed: bool
+    moves: list[KneeMove] | UnsetType = UNSET
+    soaked: list[SoakedRate] | UnsetType = UNSET
+
+
+class CapacityKnee(msgspec.Struct, kw_only=True):
+    """``capacity/<arm>/knee.json`` (schema ``capacity-knee``; capacity.search, capacity.run_capacity)."""
+
+    schema: str
+    arm: str | None
+    status: str  # confirmed | unconfirmed | refused | no_knee_below_max | no_passing_rate
+    knee_rps: Num | None
+    step_above_rps: Num | None
+    bracket: KneeBracket
+    resolution_frac: Num
+    n_steps: int | UnsetType = UNSET
+    n_soaks: int | UnsetType = UNSET
+    client_capacity: ClientCapacity
+    confirmation: KneeConfirmation
+    reasons: list[Reason]
+    deployment: Json | None  # capacity.deployment_summary of the arm's deployment record, as written
+    gates_file: str | UnsetType = UNSET
+
+
+class PlannedCell(msgspec.Struct, kw_only=True):
+    workload: str
+    concurrency: int
+
+
+class PlannedDeployment(msgspec.Struct, kw_only=True):
+    phase: str
+    arm: str
+    rep: str  # rep<n> | drift<n>
+    kind: str  # repeat | drift
+    round: int | None | UnsetType = UNSET  # None for a drift baseline
+    block: int
+    adaptive: bool | UnsetType = UNSET
+    cells: list[PlannedCell]
+    position_in_block: int | UnsetType = UNSET
+    after: str | None  # "<arm>/<rep>" planned right before in the block
+    order: int
+
+
+class PlanSkip(msgspec.Struct, kw_only=True):
+    arm: str
+    reason: str
+
+
+class PlannedCorpus(msgspec.Struct, kw_only=True):
+    name: str | None | UnsetType = UNSET
+    version: str | int | None | UnsetType = UNSET
+    digest: str | None
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    """``plan/<phase>.json`` (schema ``plan``; plan.make_plan, plan._cmd_plan)."""
+
+    schema: str
+    phase: str
+    seed: int
+    design: Json  # concurrency, repeats, workloads, blocks and the design's description, as written
+    arms: list[Json]  # the arm specs (name, method, its settings), as written
+    skipped: list[PlanSkip]
+    deployments: list[PlannedDeployment]
+    corpora: dict[str, PlannedCorpus] | UnsetType = UNSET  # corpus dir -> the corpus planned with
+    selection: SelectionInput | UnsetType = UNSET  # confirmation: the selection the plan was built from
+
+    def deployment(self, arm: str, rep: str) -> PlannedDeployment:
+        for dep in self.deployments:
+            if dep.arm == arm and dep.rep == rep:
+                return dep
+        raise KeyError(f"{self.phase} plan has no deployment {arm}/{rep}")
+
+
 def _decode(path: str | os.PathLike, type_: type, what: str):
     try:
         raw = Path(path).read_bytes()
@@ -365,6 +522,34 @@ def read_gate(path: str | os.PathLike) -> GateRecord:
 def read_selection(path: str | os.PathLike) -> SelectionRecord | None:
     """The selection, or ``None`` when none has run (no file)."""
     return _decode(path, SelectionRecord, "selection") if Path(path).exists() else None
+
+
+def read_capacity_steps(path: str | os.PathLike) -> list[CapacityStep]:
+    """The rows of a ``steps.jsonl`` or ``soaks.jsonl``; an error names the file, the line and the field."""
+    try:
+        lines = Path(path).read_bytes().splitlines()
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read the capacity steps ({exc})") from exc
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(msgspec.json.decode(line, type=CapacityStep, strict=False))
+        except msgspec.ValidationError as exc:
+            raise RecordError(f"{path}:{n}: {exc} (not a capacity step as config/schemas describes it; re-run the "
+                              "capacity search)") from exc
+        except msgspec.DecodeError as exc:
+            raise RecordError(f"{path}:{n}: not valid JSON ({exc}); fix or delete the file and re-run its job") from exc
+    return rows
+
+
+def read_knee(path: str | os.PathLike) -> CapacityKnee:
+    return _decode(path, CapacityKnee, "capacity knee")
+
+
+def read_plan(path: str | os.PathLike) -> Plan:
+    return _decode(path, Plan, "plan")
 
 
 def to_record(data: Json, type_: type, source: str = "<record>"):

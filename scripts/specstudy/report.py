@@ -5,6 +5,10 @@
 The report is built from the Parquet tables (:mod:`specstudy.tables`), a few raw JSON files
 (selection, corpora, capacity) and the resolved config. Every section works with missing pieces
 and says what is missing. Section meanings: docs/report.md.
+
+Kept as one module (over ~700 lines): it is one document; each section owns its wording, its plot and what
+it says when an input is missing, and they share the formatting helpers and the plot captions (also used by
+``snakemake --report``); the plot functions are the part that could stand alone.
 """
 
 from __future__ import annotations
@@ -466,10 +470,10 @@ def _capacity_section(B, results: Path, out: Path) -> None:
     import shutil
 
     from . import capacity
+    from .records import read_knee
 
     B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
-    knees = {p.parent.name: _load(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
-    knees = {a: k for a, k in knees.items() if isinstance(k, dict)}
+    knees = {p.parent.name: read_knee(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
     if not knees:
         B.append(("p", "Missing: no results/capacity/*/knee.json (run `snakemake capacity`)."))
         return
@@ -480,17 +484,16 @@ def _capacity_section(B, results: Path, out: Path) -> None:
                    "count as server saturation."))
     rows = []
     for arm, k in knees.items():
-        dep = k.get("deployment") or {}
-        conf = k.get("confirmation") or {}
-        kv, av = conf.get("knee_verdicts") or [], conf.get("above_verdicts") or []
+        kv, av = k.confirmation.knee_verdicts, k.confirmation.above_verdicts
         soaks = (f"{sum(v == 'pass' for v in kv)}/{len(kv)} pass, {sum(v == 'fail' for v in av)}/{len(av)} fail"
                  if kv or av else "–")
-        notes = [str(r.get("code")) for r in k.get("reasons") or [] if isinstance(r, dict)]
-        notes += [f"knee moved {m.get('direction')} from {_f(m.get('from_knee_rps'), '{:.3g}')}"
-                  for m in conf.get("moves") or [] if isinstance(m, dict)]
-        rows.append([arm, _f(k.get("knee_rps"), "{:.3g}"), _f(k.get("step_above_rps"), "{:.3g}"), k.get("status"), soaks,
-                     _f((k.get("client_capacity") or {}).get("rps"), "{:.3g}"),
-                     _f(capacity.kv_capacity_tokens(dep) if dep else None, "{:,.0f}"), "; ".join(notes) or "–"])
+        notes = [r.code for r in k.reasons]
+        notes += [f"knee moved {m.direction} from {_f(m.from_knee_rps, '{:.3g}')}"
+                  for m in k.confirmation.moves or []]
+        rows.append([arm, _f(k.knee_rps, "{:.3g}"), _f(k.step_above_rps, "{:.3g}"), k.status, soaks,
+                     _f(k.client_capacity.rps, "{:.3g}"),
+                     _f(capacity.kv_capacity_tokens(k.deployment) if k.deployment else None, "{:,.0f}"),
+                     "; ".join(notes) or "–"])
     B.append(("table", ["arm", "knee (req/s)", "step above (req/s)", "status", "soaks: knee, above",
                         "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
     if "baseline" in knees:
@@ -608,7 +611,8 @@ def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
 
 
 def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
-    from specstudy import atomic, decision, stats
+    from specstudy import atomic, decision
+    from specstudy.deployment.command import recommended_speculative_config, vllm_args_patch
 
     r = s["recommendation"]
     rule = rec.get("rule") or {}
@@ -669,8 +673,8 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
         dep = next((d for d in deps if d["arm"] == arm and d.get("status") != "failed"
                     and d.get("phase") == rec["phase"]), None) or next((d for d in deps if d["arm"] == arm), {})
         spec = json.loads(dep["arm_spec"]) if dep.get("arm_spec") else None
-        cfg = stats.speculative_config(spec, dep.get("speculative_config"), r["draft_model"])
-        args, diff = stats.vllm_args_patch(list(r["launch_args"] or []), cfg)
+        cfg = recommended_speculative_config(spec, dep.get("speculative_config"), r["draft_model"])
+        args, diff = vllm_args_patch(list(r["launch_args"] or []), cfg)
         name = "vllm-args.patch" if label == "all" else f"vllm-args-{label}.patch"
         atomic.write_text(out / name, diff)
         atomic.write_json(out / name.replace(".patch", ".json"), {"arm": arm, "workload": label, "args": args,

@@ -33,7 +33,7 @@ from pathlib import Path
 from . import atomic
 from .atomic import sha256_file
 from .config import load_config, load_prereg
-from .records import kv_cache_tokens
+from .records import Plan, kv_cache_tokens, read_plan, to_record
 
 
 class SelectionError(RuntimeError):
@@ -58,9 +58,10 @@ def selection_digest(selection: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def verify_selection(path: str | Path, plan: dict | str | Path | None = None) -> dict:
+def verify_selection(path: str | Path, plan: Plan | dict | str | Path | None = None) -> dict:
     """The selection at ``path`` after checking it was not edited by hand: its ``digest`` must match its
-    content and, given the confirmation plan (dict or path), its file sha256 must equal the plan's record."""
+    content and, given the confirmation plan (a records.Plan, plan.make_plan's dict or the plan's path), its
+    file sha256 must equal the plan's record."""
     path = Path(path)
     try:
         sel = atomic.read_json(path)
@@ -77,9 +78,13 @@ def verify_selection(path: str | Path, plan: dict | str | Path | None = None) ->
                              "computed): the selection was edited after `specstudy select` wrote it. Restore it "
                              "or re-create it from the screening outputs; a hand-edited selection is never consumed")
     if plan is not None:
-        plan_path = str(plan) if not isinstance(plan, dict) else "<confirmation plan>"
-        plan = plan if isinstance(plan, dict) else atomic.read_json(plan)
-        recorded = (plan.get("selection") or {}).get("sha256")
+        if isinstance(plan, Plan | dict):
+            plan_path = "<confirmation plan>"
+            plan = plan if isinstance(plan, Plan) else to_record(plan, Plan, plan_path)
+        else:
+            plan_path = str(plan)
+            plan = read_plan(plan)
+        recorded = plan.selection.sha256 if plan.selection else None
         if not recorded:
             raise SelectionError(f"{plan_path}: field 'selection.sha256' missing; a confirmation plan records the "
                                  "selection it was built from. Re-run the plan_confirm rule")

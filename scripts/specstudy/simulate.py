@@ -85,7 +85,7 @@ def coverage(n: int, method: str = "t_log", scenario: str = "lognormal", sims: i
     import numpy as np
 
     from .decision import t_quantile
-    from .stats import bootstrap_interval
+    from .intervals import bootstrap_interval
 
     rng = np.random.default_rng(seed)
     logs = math.log(true_effect) + draw(scenario, rng, (sims, n), sigma)

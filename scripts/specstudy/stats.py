@@ -1,4 +1,4 @@
-"""Deployment-level effects, confidence intervals, drift, explanatory model, hypotheses, recommendation.
+"""Deployment-level effects (paired comparisons), drift, explanatory model, hypotheses, recommendation.
 
 The independent unit is the *deployment repeat*: requests within one cell share a server, a node and
 a moment in time, so they are not independent samples of the effect. For every comparison
@@ -9,12 +9,14 @@ partner is excluded and counted, never paired with another repeat.
 
 Per repeat: ``speedup = otps_arm / otps_base`` (output tokens per second), ``tpot_ratio`` and
 ``ttft_ratio`` (arm / baseline of the cell p50). Summaries: median, min/max, IQR, geometric mean and a
-confidence interval of the geometric mean. The primary interval (``analysis.ci_method``, default
-``t_log``) is a Student-t interval on log ratios: with 2–5 repeats the percentile bootstrap
-under-covers badly (the bootstrap distribution of a mean of 3 values is too narrow by a factor
-≈ sqrt((n-1)/n) and ignores t quantiles), which ``coverage_simulation`` measures and the tests pin.
-The bootstrap (exact enumeration of all n^n resamples for n ≤ 6, BCa with fall-back to percentile
-when BCa is undefined) is reported alongside.
+confidence interval of the geometric mean, from :func:`specstudy.intervals.describe`; the primary
+interval is ``analysis.ci_method`` (default ``t_log``, a Student-t interval on log ratios; why not the
+bootstrap with 2–5 repeats: :mod:`specstudy.intervals`), the bootstrap is reported alongside.
+
+Then: baseline drift and node-to-node variability, the explanatory model (not confirmatory), the
+pre-registered hypotheses, the KV-capacity cost of each arm, each comparison's cell status and the
+recommendation (the rule itself is :mod:`specstudy.decision`). The recommended arm's vLLM flags are
+:mod:`specstudy.deployment.command`'s.
 
 Everything here takes plain pandas frames from :mod:`specstudy.tables` and returns plain dicts.
 """
@@ -22,11 +24,9 @@ Everything here takes plain pandas frames from :mod:`specstudy.tables` and retur
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from itertools import product
 from typing import Any
 
-from .stat_util import percentile
+from .intervals import describe
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "analysis": {
@@ -79,121 +79,6 @@ def settings(config: dict | None) -> dict:
         given = config.get(section) or {}
         out[section] = {k: given.get(k, v) for k, v in defaults.items()}
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Intervals
-# ---------------------------------------------------------------------------------------------
-def t_log_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of the geometric mean of positive ratios (log scale, n-1 df)."""
-    import numpy as np
-    from scipy import stats as st
-
-    x = np.log(np.asarray(values, dtype=float))
-    n = len(x)
-    if n < 2:
-        return None
-    m, s = float(x.mean()), float(x.std(ddof=1))
-    h = float(st.t.ppf(0.5 + confidence / 2, n - 1)) * s / math.sqrt(n)
-    return math.exp(m - h), math.exp(m + h)
-
-
-@lru_cache(maxsize=8)
-def _all_resamples(n: int):
-    import numpy as np
-
-    return np.array(list(product(range(n), repeat=n)), dtype=np.int64)
-
-
-def _boot_means(x, resamples: int, seed: int):
-    import numpy as np
-
-    n = len(x)
-    if n <= 6:  # exact bootstrap: every one of the n^n equally likely resamples
-        idx = _all_resamples(n)
-    else:
-        idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    return x[idx].mean(axis=1)
-
-
-def bootstrap_interval(values, confidence: float = 0.95, method: str = "bca", resamples: int = 9999,
-                       seed: int = 12345) -> tuple[tuple[float, float] | None, str]:
-    """Bootstrap interval of the geometric mean; returns (interval, method actually used)."""
-    import numpy as np
-    from scipy import stats as st
-
-    x = np.log(np.asarray(values, dtype=float))
-    n = len(x)
-    if n < 2:
-        return None, "none"
-    boots = _boot_means(x, resamples, seed)
-    alpha = 1 - confidence
-    lo_q, hi_q = alpha / 2, 1 - alpha / 2
-    used = "percentile"
-    if method == "bca":
-        theta = x.mean()
-        prop = float(np.mean(boots < theta))
-        jack = np.array([np.delete(x, i).mean() for i in range(n)])
-        d = jack.mean() - jack
-        denom = 6 * (np.sum(d**2) ** 1.5)
-        if 0 < prop < 1 and denom > 0:
-            z0 = st.norm.ppf(prop)
-            a = float(np.sum(d**3) / denom)
-            za, zb = st.norm.ppf(lo_q), st.norm.ppf(hi_q)
-            lo_q = float(st.norm.cdf(z0 + (z0 + za) / (1 - a * (z0 + za))))
-            hi_q = float(st.norm.cdf(z0 + (z0 + zb) / (1 - a * (z0 + zb))))
-            used = "bca"
-        else:
-            used = "percentile (BCa undefined: degenerate bootstrap distribution)"
-    lo, hi = np.quantile(boots, [lo_q, hi_q])
-    return (math.exp(float(lo)), math.exp(float(hi))), used
-
-
-def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resamples: int = 9999,
-             seed: int = 12345) -> dict:
-    """Median, spread, geometric mean and CI of positive per-repeat ratios."""
-    import numpy as np
-
-    vals = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
-    n = len(vals)
-    out: dict[str, Any] = {"n": n, "values": vals, "median": None, "min": None, "max": None, "q1": None,
-                           "q3": None, "geomean": None, "ci_low": None, "ci_high": None, "ci_method": ci_method,
-                           "boot_low": None, "boot_high": None, "boot_method": None, "ci_note": ""}
-    if n == 0:
-        out["ci_note"] = "no valid repeats"
-        return out
-    a = np.asarray(vals)
-    q1, q3 = percentile(vals, 25), percentile(vals, 75)
-    out.update(median=float(np.median(a)), min=float(a.min()), max=float(a.max()), q1=float(q1), q3=float(q3),
-               geomean=float(np.exp(np.log(a).mean())))
-    if n < 2:
-        out["ci_note"] = "one repeat: no interval"
-        return out
-    t_ci = t_log_interval(a, confidence)
-    boot, used = bootstrap_interval(a, confidence, "bca" if ci_method != "bootstrap_percentile" else "percentile",
-                                    resamples, seed)
-    out["boot_low"], out["boot_high"] = boot if boot else (None, None)
-    out["boot_method"] = used
-    primary = t_ci if ci_method == "t_log" else boot
-    out["ci_low"], out["ci_high"] = primary if primary else (None, None)
-    if ci_method != "t_log":
-        out["ci_method"] = f"bootstrap ({used})"
-    if n < 5 and ci_method != "t_log":
-        out["ci_note"] = "bootstrap with < 5 repeats under-covers; see coverage simulation"
-    return out
-
-
-def coverage_simulation(n: int, method: str = "t_log", sims: int = 2000, sigma: float = 0.05,
-                        true_effect: float = 1.1, confidence: float = 0.95, seed: int = 7,
-                        scenario: str = "lognormal") -> float:
-    """Share of simulated studies (n deployments around ``true_effect``) whose interval covers it.
-
-    ``scenario``: the deployment-effect distribution (:data:`specstudy.simulate.SCENARIOS`: log-normal,
-    skewed, heavy-tailed, an outlying deployment), shared with the decision rule's simulation.
-    """
-    from .simulate import coverage
-
-    return coverage(n, method, scenario, sims, sigma, true_effect, confidence, seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -689,63 +574,3 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
                                           bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out
-
-
-def speculative_config(arm_spec: dict | None, recorded: str | None = None, draft_model: str | None = None) -> dict:
-    """The ``--speculative-config`` object for an arm (the deployment's recorded value wins)."""
-    import json
-
-    if recorded:
-        try:
-            cfg = json.loads(recorded)
-        except (TypeError, ValueError):
-            cfg = None
-        if isinstance(cfg, dict):
-            if draft_model and "model" in cfg:
-                cfg["model"] = draft_model
-            return cfg
-    spec = arm_spec or {}
-    cfg = {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
-    if spec.get("method") == "draft_model":
-        cfg["model"] = draft_model or spec.get("model") or "<draft model path>"
-        cfg["draft_tensor_parallel_size"] = spec.get("draft_tensor_parallel_size")
-    elif spec.get("method") == "ngram":
-        for k in ("prompt_lookup_min", "prompt_lookup_max"):
-            if spec.get(k) is not None:
-                cfg[k] = spec[k]
-    return cfg
-
-
-def vllm_args_patch(launch_args: list[str], spec_cfg: dict, label: str = "vllm-args") -> tuple[list[str], str]:
-    """New argument list with ``--speculative-config '<json>'`` set, and a unified diff (one arg per line)."""
-    import difflib
-    import json
-    import shlex
-
-    value = json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))
-    new, skip = [], False
-    for i, arg in enumerate(launch_args):
-        if skip:
-            skip = False
-            continue
-        if arg.startswith("--speculative-config=") or arg.startswith("--speculative_config="):
-            continue
-        if arg in ("--speculative-config", "--speculative_config"):
-            skip = i + 1 < len(launch_args)
-            continue
-        new.append(arg)
-    new += ["--speculative-config", value]
-
-    def lines(args):
-        out, i = [], 0
-        while i < len(args):
-            if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                out.append(f"{args[i]} {shlex.quote(args[i + 1])}\n")
-                i += 2
-            else:
-                out.append(shlex.quote(args[i]) + "\n")
-                i += 1
-        return out
-
-    diff = "".join(difflib.unified_diff(lines(launch_args), lines(new), f"a/{label}", f"b/{label}"))
-    return new, diff

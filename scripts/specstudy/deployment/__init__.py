@@ -4,7 +4,8 @@ The job itself is :func:`specstudy.deployment_run.run_deployment` (launch → re
 cells → stop). What it calls lives here:
 
 - :mod:`.command` — engine settings, arm validation, the vLLM argument list (``--speculative-config``
-  is the only thing that differs between arms);
+  is the only thing that differs between arms), and the recommended arm's ``--speculative-config``
+  patched into an operator's launch arguments (for :mod:`specstudy.report`);
 - :mod:`.launch` — backends (:class:`~.launch.LocalProcessBackend`, :class:`~.launch.ContainerBackend`
   for Clariden's ``srun --environment``), the :class:`~.launch.Server` handle, process-group stop,
   the launcher's environment and :func:`~.launch.start_server`;

@@ -1,12 +1,18 @@
-"""Engine settings, arm specs and the vLLM OpenAI-server command of an arm.
+"""Engine settings, arm specs and the vLLM arguments of an arm: the study's server command and the
+recommendation's patch to an operator's own launch arguments.
 
 Every controlled setting comes from the engine config and is identical across arms; only
-``--speculative-config`` differs (:func:`strip_speculative` proves it).
+``--speculative-config`` differs (:func:`strip_speculative` proves it). The recommended arm becomes
+flags the same way: :func:`recommended_speculative_config` (the deployment's recorded value, else the
+arm spec) and :func:`vllm_args_patch` (the operator's arguments with that ``--speculative-config`` set,
+and a unified diff), written by :mod:`specstudy.report`.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,7 +78,7 @@ def validate_arm(arm: dict) -> dict:
 
 
 def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
-    """The ``--speculative-config`` JSON object of an arm (None for the baseline)."""
+    """The ``--speculative-config`` JSON object of an arm's deployment (None for the baseline)."""
     method = arm["method"]
     if method == "baseline":
         return None
@@ -165,3 +171,61 @@ def strip_speculative(argv: list[str]) -> list[str]:
         out.append(a)
     return out
 
+
+# ---------------------------------------------------------------------------------------------
+# The recommendation's flags for an operator's own launch arguments (specstudy.report)
+# ---------------------------------------------------------------------------------------------
+def recommended_speculative_config(arm_spec: dict | None, recorded: str | None = None,
+                                   draft_model: str | None = None) -> dict:
+    """The ``--speculative-config`` object to recommend for an arm: the deployment's recorded value wins,
+    else one built from the arm spec; ``draft_model`` (the production draft path) replaces the model's path."""
+    if recorded:
+        try:
+            cfg = json.loads(recorded)
+        except (TypeError, ValueError):
+            cfg = None
+        if isinstance(cfg, dict):
+            if draft_model and "model" in cfg:
+                cfg["model"] = draft_model
+            return cfg
+    spec = arm_spec or {}
+    cfg = {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
+    if spec.get("method") == "draft_model":
+        cfg["model"] = draft_model or spec.get("model") or "<draft model path>"
+        cfg["draft_tensor_parallel_size"] = spec.get("draft_tensor_parallel_size")
+    elif spec.get("method") == "ngram":
+        for k in ("prompt_lookup_min", "prompt_lookup_max"):
+            if spec.get(k) is not None:
+                cfg[k] = spec[k]
+    return cfg
+
+
+def vllm_args_patch(launch_args: list[str], spec_cfg: dict, label: str = "vllm-args") -> tuple[list[str], str]:
+    """New argument list with ``--speculative-config '<json>'`` set, and a unified diff (one arg per line)."""
+    value = json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))
+    new, skip = [], False
+    for i, arg in enumerate(launch_args):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("--speculative-config=") or arg.startswith("--speculative_config="):
+            continue
+        if arg in ("--speculative-config", "--speculative_config"):
+            skip = i + 1 < len(launch_args)
+            continue
+        new.append(arg)
+    new += ["--speculative-config", value]
+
+    def lines(args):
+        out, i = [], 0
+        while i < len(args):
+            if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                out.append(f"{args[i]} {shlex.quote(args[i + 1])}\n")
+                i += 2
+            else:
+                out.append(shlex.quote(args[i]) + "\n")
+                i += 1
+        return out
+
+    diff = "".join(difflib.unified_diff(lines(launch_args), lines(new), f"a/{label}", f"b/{label}"))
+    return new, diff

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from .. import atomic
+from ..records import Plan, to_record
 from . import provenance
 
 
@@ -132,24 +133,27 @@ def corpus_dirs(cfg: dict, results: str = "results") -> dict[str, str]:
     return out
 
 
-def deployment_spec(plan: dict, key: str, cfg: dict) -> dict:
+def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     """The spec of deployment ``key`` (``<phase>/<arm>/<rep>``, e.g. ``screen/draft-k3-tp4/rep1``).
 
     What runs comes from the plan — the arm's settings, the kind, block and order, the cells in their
     planned order; how it runs from the study config — engine, cell settings, corpora. The capacity
     search of an arm (``capacity/<arm>/rep1``) takes its arm from the confirmation plan and its
-    search from ``capacity`` in the config.
+    search from ``capacity`` in the config. ``plan``: a :class:`~specstudy.records.Plan` (records.read_plan) or
+    the dict of plan.make_plan.
     """
     from ..errors import UserError
-    from ..plan import find_deployment
+
+    if not isinstance(plan, Plan):
+        plan = to_record(plan, Plan, "<plan>")
 
     parts = key.split("/")
     if len(parts) != 3:
         raise UserError(f"--deployment {key!r}: expected <phase>/<arm>/<rep>, e.g. screen/baseline/rep1")
     phase, arm_name, rep = parts
-    arms = {a["name"]: a for a in plan.get("arms") or []}
+    arms = {a["name"]: a for a in plan.arms}
     if arm_name not in arms:
-        raise UserError(f"--deployment {key!r}: arm {arm_name!r} is not in the {plan.get('phase')} plan "
+        raise UserError(f"--deployment {key!r}: arm {arm_name!r} is not in the {plan.phase} plan "
                         f"(arms: {', '.join(sorted(arms))})")
     dirs = corpus_dirs(cfg)
     common = {"arm": arms[arm_name], "smoke_corpus_dir": dirs["smoke"], "engine": cfg["engine"],
@@ -158,14 +162,15 @@ def deployment_spec(plan: dict, key: str, cfg: dict) -> dict:
         cap = cfg.get("capacity") or {}
         return {"phase": "capacity", "rep": rep, "kind": "capacity", "block": 1, "order": 0, "cells": [],
                 "capacity": cap, "capacity_corpus_dir": dirs[cap["workload"]], **common}
-    if phase != plan.get("phase"):
-        raise UserError(f"--deployment {key!r}: the plan is of phase {plan.get('phase')!r}, not {phase!r}")
+    if phase != plan.phase:
+        raise UserError(f"--deployment {key!r}: the plan is of phase {plan.phase!r}, not {phase!r}")
     try:
-        dep = find_deployment(plan, arm_name, rep)
+        dep = plan.deployment(arm_name, rep)
     except KeyError as exc:
         raise UserError(f"--deployment {key!r}: {exc.args[0]}") from None
-    return {"phase": phase, "rep": rep, "kind": dep["kind"], "block": dep["block"], "order": dep["order"],
-            "cells": [dict(c, corpus_dir=dirs[c["workload"]]) for c in dep["cells"]], **common}
+    return {"phase": phase, "rep": rep, "kind": dep.kind, "block": dep.block, "order": dep.order,
+            "cells": [{"workload": c.workload, "concurrency": c.concurrency, "corpus_dir": dirs[c.workload]}
+                      for c in dep.cells], **common}
 
 
 def load_settings(path: str) -> dict:
