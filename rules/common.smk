@@ -169,14 +169,16 @@ _PLANS = {}
 
 
 def _read_plan(path):
-    """A plan file as the DAG reads it (cached by its mtime: input functions ask for it many times)."""
-    from specstudy.atomic import BadFile
+    """A plan file as the DAG reads it: the typed record (records.read_plan; a bad file names itself, the
+    field and the fix) as plain data, cached by mtime (input functions ask for it many times)."""
+    import msgspec
+    from specstudy.records import RecordError, read_plan
 
     key = (path, os.stat(path).st_mtime_ns)
     if key not in _PLANS:
         try:
-            _PLANS[key] = _plan.load_plan(path)
-        except (BadFile, ConfigError) as exc:
+            _PLANS[key] = msgspec.to_builtins(read_plan(path))
+        except RecordError as exc:
             raise WorkflowError(str(exc)) from None
     return _PLANS[key]
 

@@ -112,17 +112,6 @@ def drift_cell(cfg: dict, phase: str = "screen", prereg: dict | None = None) -> 
     return {"workload": list(cfg["corpora"]["workloads"])[0], "concurrency": phase_design(cfg, phase, prereg)["concurrency"][0]}
 
 
-def load_plan(path: str | Path) -> dict:
-    """A plan file written by ``specstudy plan``, checked against its schema (a bad file names itself and the fix)."""
-    from . import schemas
-
-    plan = atomic.read_json(path)
-    try:
-        return schemas.validate(plan, "plan", path)
-    except schemas.ValidationError as exc:
-        raise ConfigError(f"{exc}\nFix: delete {path} and re-run its rule (plan_screen / plan_confirm) to write it again.") from None
-
-
 def cell_order(cfg: dict, phase: str, arm: str, rep_index: int, workloads: list[str], concurrency: list[int]) -> list[dict]:
     base = [{"workload": w, "concurrency": c} for w, c in product(workloads, concurrency)]
     _rng(cfg["study"]["seed"], phase, "cells", arm).shuffle(base)
