@@ -189,17 +189,24 @@ def screen_plan():
     return _read_plan(checkpoints.plan_screen.get().output.plan)
 
 
-def confirm_plan():
-    """The confirmation plan: results/plan/confirm.json, the output of checkpoint plan_confirm, which is
-    built from the selection checkpoint's output; the selection is verified against the plan (its
-    digest, and the sha256 the plan recorded)."""
+def verified_selection_file(wildcards=None, plan_file=None):
+    """The selection checkpoint's output, verified when the DAG is built (its digest; with ``plan_file``, also
+    the sha256 that plan recorded): a corrupt or edited selection stops the dry run, naming the file."""
     from specstudy.select import SelectionError, verify_selection
 
-    plan_file = checkpoints.plan_confirm.get().output.plan
+    path = selection_file()
     try:
-        verify_selection(selection_file(), plan_file)
+        verify_selection(path, plan_file)
     except SelectionError as exc:
         raise WorkflowError(str(exc)) from None
+    return path
+
+
+def confirm_plan():
+    """The confirmation plan: results/plan/confirm.json, the output of checkpoint plan_confirm, which is
+    built from the selection checkpoint's output; the selection is verified against the plan."""
+    plan_file = checkpoints.plan_confirm.get().output.plan
+    verified_selection_file(plan_file=plan_file)
     return _read_plan(plan_file)
 
 

@@ -51,7 +51,7 @@ checkpoint plan_screen:
 checkpoint plan_confirm:
     input:
         corpora=all_corpus_json(),
-        selection=ancient(selection_file),
+        selection=ancient(verified_selection_file),
         config=ancient(CONFIG_FILE),
     output:
         plan="results/plan/confirm.json",

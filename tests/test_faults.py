@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from specstudy import atomic
-from test_workflow_dag import ROOT, fake_screening, job_counts, sm
+from test_workflow_dag import ROOT, _files, fake_screening, job_counts, sm
 from test_workflow_dag import workdir as workdir  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -52,6 +52,8 @@ def test_edited_preregistration_stops_every_target_naming_the_field(workdir):
     # restoring the file restores the workflow
     p = workdir / "config" / "preregistration.yaml"
     p.write_text(p.read_text().replace("concurrency: [1, 4, 16]", "concurrency: [1, 4, 8]"))
+    assert job_counts(sm(workdir, "-n", "confirm").stdout).get("plan_confirm") == 1
+    sm(workdir, "results/plan/confirm.json")
     assert job_counts(sm(workdir, "-n", "confirm").stdout).get("deploy_confirm", 0) > 0
 
 
@@ -92,19 +94,22 @@ def test_truncated_summary_names_the_file_and_the_report_is_never_stale(workdir)
     assert "Traceback" not in log
     assert not selection.exists()  # Snakemake removed the failed checkpoint's output
 
-    # the missing checkpoint output can never leave the report looking up to date; a dry run moves nothing
+    # that run (its onstart handler, before any job) moved the report built from the old selection aside,
+    # never deleted: a report whose selection is being made again is not shown as current
+    moved = list((workdir / "results" / "stale").glob("*/report/report.md"))
+    assert len(moved) == 1 and moved[0].read_text() == "# old report\n"
+    assert not report.exists()
+    # the missing checkpoint output and the report are planned again; a dry run moves nothing
+    before = _files(workdir / "results")
     for target in ("report", "all"):
         proc = sm(workdir, "-n", target, check=False)
         out = proc.stdout + proc.stderr
         assert "Nothing to be done" not in out, f"-n {target}: stale report looks current:\n{out[-2000:]}"
         assert job_counts(out).get("select") == 1 and job_counts(out).get("build_report") == 1, out[-2000:]
-    assert report.exists() and not (workdir / "results" / "stale").exists()
-    # the first real run moves it aside before any job runs (never deleted), and selects again
+    assert _files(workdir / "results") == before
     bad.write_text(text)
     sm(workdir, "results/selection/selection.json")
-    moved = list((workdir / "results" / "stale").glob("*/report/report.md"))
-    assert len(moved) == 1 and moved[0].read_text() == "# old report\n"
-    assert not report.exists() and selection.exists()
+    assert selection.exists() and len(list((workdir / "results" / "stale").glob("*/report/report.md"))) == 1
 
 
 # ------------------------------------------------------------------ re-run recipe
@@ -240,9 +245,10 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
     rec.write_text(json.dumps({"status": "ok", "deployment_id": "new"}))
     # ... and the cheap steps after it (round checkpoint, gates, final candidate: files only) run again,
     # as if they had just produced the same decision; the capacity search must still not re-run
+    # (a job's benchmark: file is one of its outputs: the round checkpoint ran for real and wrote one)
     later = time.time() + 5
-    for f in ["results/confirm/rounds/round3.json", "results/selection/final-candidate.json",
-              *[f"results/gates/confirm/{a}.json" for a in arms]]:
+    for f in ["results/confirm/rounds/round3.json", "results/benchmarks/confirm/rounds/round3.tsv",
+              "results/selection/final-candidate.json", *[f"results/gates/confirm/{a}.json" for a in arms]]:
         os.utime(workdir / f, (later, later))
         later += 0.01
     out = sm(workdir, "-n", "capacity").stdout

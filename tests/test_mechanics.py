@@ -335,7 +335,9 @@ def test_decode_mechanics_dag_is_apart_from_the_study(tmp_path):
     c = counts(proc.stdout)
     assert c["random_model"] == 2 and c["mechanics_corpus"] == 1 and c["mechanics_run"] == 4
     assert c["mechanics_summary"] == 1
-    assert '"mechanics_label":"small-draft-k3"' in proc.stdout and "--preset llama-8b" in proc.stdout
+    # each arm's job names its arm; the spec is built from the effective config and the mechanics file
+    assert "--arm small-draft-k3 " in proc.stdout and "--preset llama-8b" in proc.stdout
+    assert '"mechanics_label"' not in proc.stdout  # no inline spec on the command line
     # arms never share the GPU: each holds the deployments resource the GPU runs cap at 1
     runs = [b for b in proc.stdout.split("\n\n") if "rule mechanics_run:" in b]
     assert len(runs) == 4 and all("deployments=1" in b for b in runs), runs
