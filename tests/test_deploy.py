@@ -133,6 +133,18 @@ def test_example_clariden_environment_file_parses():
     assert "HF_HUB_OFFLINE" in env
 
 
+def test_env_file_values_and_a_bad_line(tmp_path, monkeypatch):
+    """python-dotenv reads the env file: comments, export, quotes, ${VAR} from the job's environment;
+    a line that is not KEY=VALUE names the file and the line."""
+    monkeypatch.setenv("SCRATCH_ROOT", "/scratch/u1")
+    f = tmp_path / "vllm.env"
+    f.write_text("# comment\nexport A=1\nB='two words'\nC=${SCRATCH_ROOT}/hf\n")
+    assert server_launch.read_env_file(f) == {"A": "1", "B": "two words", "C": "/scratch/u1/hf"}
+    f.write_text("A=1\nthis is not an assignment\n")
+    with pytest.raises(config.ConfigError, match=r"vllm\.env:2: expected KEY=VALUE, got 'this is not an assignment'"):
+        server_launch.read_env_file(f)
+
+
 # ------------------------------------------------------------------------------------------ secrets
 def test_secrets_are_redacted_everywhere(tmp_path, monkeypatch):
     key, hf = "sk-live-abcdef0123456789", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"

@@ -9,9 +9,7 @@ psutil that nothing of the group remains.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -412,63 +410,26 @@ def _resolve(path: str | os.PathLike) -> Path:
 
 
 def read_env_file(path: str | os.PathLike) -> dict[str, str]:
-    """``KEY=VALUE`` lines (``#`` comments, optional ``export``, optional quotes)."""
-    out = {}
-    for n, line in enumerate(Path(_resolve(path)).read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[7:].strip()
-        if "=" not in line:
-            raise ConfigError(f"{path}:{n}: expected KEY=VALUE, got {line!r}")
-        k, v = line.split("=", 1)
-        v = v.strip()
-        if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
-            v = v[1:-1]
-        out[k.strip()] = os.path.expandvars(v)
-    return out
+    """``KEY=VALUE`` lines (``#`` comments, optional ``export``, optional quotes, ``${VAR}`` expanded from the
+    job's environment), read by python-dotenv; a line without a value names the file and the key."""
+    from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
 
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v))  # TOML basic strings accept JSON escapes
-
-
-def _toml_key(k: str) -> str:
-    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
-
-
-def _flatten(prefix: list[str], table: dict, out: list[tuple[list[str], Any]]) -> None:
-    for k, v in table.items():
-        if isinstance(v, dict):
-            _flatten(prefix + [str(k)], v, out)
-        else:
-            out.append((prefix + [str(k)], v))
+    file = _resolve(path)
+    with open(file, encoding="utf-8") as fh:
+        for binding in parse_stream(fh):
+            if binding.error or (binding.key and binding.value is None):
+                raise ConfigError(f"{path}:{binding.original.line}: expected KEY=VALUE, got "
+                                  f"{binding.original.string.strip()!r}")
+    return dict(dotenv_values(file, interpolate=True))
 
 
 def dump_toml(data: dict) -> str:
-    """Minimal TOML writer for EDF files: scalars, lists, tables; nested tables become dotted keys
-    (``[annotations]`` + ``com.hooks.aws_ofi_nccl.enabled = "true"``, as the CSCS docs write them)."""
-    lines, tables = [], []
-    for k, v in data.items():
-        if isinstance(v, dict):
-            tables.append((k, v))
-        else:
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    for name, table in tables:
-        lines.append("")
-        lines.append(f"[{_toml_key(name)}]")
-        flat: list[tuple[list[str], Any]] = []
-        _flatten([], table, flat)
-        for keys, v in flat:
-            lines.append(f"{'.'.join(_toml_key(k) for k in keys)} = {_toml_value(v)}")
-    return "\n".join(lines) + "\n"
+    """An EDF (TOML) file, written by tomli_w: scalars, lists, tables (nested tables are TOML tables,
+    e.g. ``[annotations.com.hooks.aws_ofi_nccl]``, which TOML readers read as the dotted keys of the docs)."""
+    import tomli_w
+
+    return tomli_w.dumps(data)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
