@@ -150,6 +150,13 @@ def load_prereg(cfg: dict) -> dict:
     except schemas.ValidationError as exc:
         raise ConfigError(str(exc)) from None
     check_hypotheses(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
+    if data.get("sampling") is not None:  # optional: the opt-in sampling phase (docs/sampling.md)
+        from .sampling import SamplingInputError, validate_settings
+
+        try:
+            validate_settings(data["sampling"], str(path))
+        except SamplingInputError as exc:
+            raise ConfigError(str(exc)) from None
     from .decision import DecisionRuleError, check_prereg
 
     try:

@@ -3,7 +3,7 @@
 Typed records (msgspec Structs mirroring ``config/schemas/``) and their readers: :class:`CellSummary`
 (:func:`read_cell_summary`), :class:`DeploymentRecord` (:func:`read_deployment`, for ``deployment.json``
 and ``failure.json``), :class:`GateRecord` (:func:`read_gate`) and :class:`SelectionRecord`
-(:func:`read_selection`), the capacity search's :class:`CapacityStep` (:func:`read_capacity_steps`, rows of
+(:func:`read_selection`), :class:`SamplingGateRecord` (:func:`read_sampling_gate`), the capacity search's :class:`CapacityStep` (:func:`read_capacity_steps`, rows of
 ``steps.jsonl``/``soaks.jsonl``) and :class:`CapacityKnee` (:func:`read_knee`), and the :class:`Plan`
 (:func:`read_plan`); see "Typed records" below.
 
@@ -317,6 +317,50 @@ class GateRecord(msgspec.Struct):
     schema: str = "specstudy.gate/1"
 
 
+class SamplingSummary(msgspec.Struct):
+    n: int
+    mean: float | None
+    median: float | None
+    min: float | None
+    max: float | None
+
+
+class SamplingCheck(msgspec.Struct):
+    name: str  # all_requests_succeeded | length_difference | token_tvd | text_similarity
+    test: str | None  # mannwhitneyu | ks_2samp
+    alternative: str | None
+    statistic: float | None
+    p_value: float | None
+    alpha: float | None
+    treatment: SamplingSummary | None
+    control: SamplingSummary | None
+    effect: float | None
+    margin: float | None
+    allowance: float | None
+    significant: bool | None
+    material: bool | None
+    passed: bool
+
+
+class SamplingGateRecord(msgspec.Struct):
+    """``sampling`` gate record of one speculative arm (schema ``sampling-gate``; sampling.judge)."""
+
+    arm: str | None
+    phase: str | None
+    verdict: str  # pass | fail | no_verdict
+    reasons: list[Reason]
+    blocks_recommendation: bool
+    claim: str
+    settings: Json
+    unit: str  # token_id | word
+    n_prompts: int
+    checks: list[SamplingCheck]
+    treatment: Json
+    control: Json | None
+    lengths: Json
+    schema: str = "specstudy.sampling-gate/1"
+
+
 class SelectionInput(msgspec.Struct):
     path: str
     sha256: str
@@ -517,6 +561,10 @@ def read_deployment(path: str | os.PathLike) -> DeploymentRecord:
 
 def read_gate(path: str | os.PathLike) -> GateRecord:
     return _decode(path, GateRecord, "gate record")
+
+
+def read_sampling_gate(path: str | os.PathLike) -> SamplingGateRecord:
+    return _decode(path, SamplingGateRecord, "sampling gate record")
 
 
 def read_selection(path: str | os.PathLike) -> SelectionRecord | None:
