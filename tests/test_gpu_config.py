@@ -62,19 +62,33 @@ def test_fingerprint_changes_with_the_request_count_of_the_level():
     assert _fingerprint(spec, cell, "d1") != before
 
 
-def test_gpu_study_dry_run_plans_one_screening_deployment_per_arm(tmp_path):
+def _workflow_copy(tmp_path: Path) -> Path:
     for name in ("Snakefile", "rules", "config", "corpora", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", "--cores", "16",
-                           "--configfile", "config/gpu-h200.yaml"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    # a copy (fixture_models declares its module as input; faked outputs must be newer than it)
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return tmp_path
+
+
+def _dry_run(tmp_path: Path, config: str, *extra: str) -> tuple[str, dict[str, int]]:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", *extra, "--configfile", config],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line.split() for line in proc.stdout.splitlines()]
-    counts = {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
-    assert counts["deploy_screen"] == 3  # baseline, draft-k3-tp1, ngram-k3
-    assert not (tmp_path / "results" / "screen").exists()  # a dry run measures nothing
+    return proc.stdout, {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
+
+
+def test_gpu_study_dry_run_plans_one_screening_deployment_per_arm(tmp_path):
+    from test_workflow_dag import fake_planned
+
+    _workflow_copy(tmp_path)
+    out, counts = _dry_run(tmp_path, "config/gpu-h200.yaml", "--cores", "16")
+    assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts  # the DAG comes from the plan
+    fake_planned(tmp_path, "config/gpu-h200.yaml")
+    out, counts = _dry_run(tmp_path, "config/gpu-h200.yaml", "--cores", "16")
+    assert counts["deploy_screen"] == 3, out  # baseline, draft-k3-tp1, ngram-k3
+    assert not list((tmp_path / "results" / "screen").glob("*/rep*"))  # a dry run measures nothing
 
 
 # ------------------------------------------------------------------ the 4-GPU topology (issue #19)
@@ -114,15 +128,11 @@ def test_x4_launch_command_carries_tp4_and_the_draft_tp():
 
 
 def test_x4_dry_run_builds_the_tp4_draft_and_four_screening_deployments(tmp_path):
-    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", "-p", "--cores", "64",
-                           "--configfile", "config/gpu-h200x4.yaml"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line.split() for line in proc.stdout.splitlines()]
-    counts = {p[0]: int(p[1]) for p in lines if len(p) == 2 and p[1].isdigit()}
-    assert counts["deploy_screen"] == 4
-    assert "--draft-preset tp4" in proc.stdout
+    from test_workflow_dag import fake_planned
+
+    _workflow_copy(tmp_path)
+    out, counts = _dry_run(tmp_path, "config/gpu-h200x4.yaml", "-p", "--cores", "64")
+    assert counts.get("plan_screen") == 1 and "--draft-preset tp4" in out, counts
+    fake_planned(tmp_path, "config/gpu-h200x4.yaml")
+    out, counts = _dry_run(tmp_path, "config/gpu-h200x4.yaml", "-p", "--cores", "64")
+    assert counts["deploy_screen"] == 4, out

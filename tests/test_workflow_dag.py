@@ -54,8 +54,8 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _corpus_dirs(workdir: Path) -> dict[str, str]:
-    cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+def _corpus_dirs(workdir: Path, config: str = "config/config.yaml") -> dict[str, str]:
+    cfg = yaml.safe_load((workdir / config).read_text())
     specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])
     out = {}
     for w, s in specs.items():
@@ -79,7 +79,7 @@ def json_writer(root: Path, start: float, step: float):
     return write
 
 
-def fake_planned(workdir: Path):
+def fake_planned(workdir: Path, config: str = "config/config.yaml"):
     """Write what comes before the first deployment (models, corpora, lock) and the real screening plan
     (specstudy plan's own function, checked against the plan schema), as if checkpoint plan_screen had run.
     Returns the config, the plan and the writer (whose later files are newer)."""
@@ -88,7 +88,7 @@ def fake_planned(workdir: Path):
     from specstudy.config import effective_config_files, load_config
 
     os.chdir(workdir)
-    cfg = load_config("config/config.yaml")
+    cfg = load_config(config)
     old = time.time() - 4000
     for f in workdir.rglob("*"):
         if f.is_file() and not f.is_symlink():
@@ -101,7 +101,7 @@ def fake_planned(workdir: Path):
         f.write_text(text)
         os.utime(f, (old, old))
     write("results/models/fixture/models.json", {})
-    for w, d in _corpus_dirs(workdir).items():
+    for w, d in _corpus_dirs(workdir, config).items():
         write(f"{d}/corpus.json", {"name": w, "version": "1", "digest": "x" * 64})
     write("results/screen/prereg-lock.json", planmod.prereg_lock(cfg))
     p = planmod.make_plan(cfg, "screen")
