@@ -7,7 +7,6 @@ by the `gpu`-marked tests and by the recorded run in docs/gpu.md.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,15 +61,6 @@ def test_fingerprint_changes_with_the_request_count_of_the_level():
     assert _fingerprint(spec, cell, "d1") != before
 
 
-def _workflow_copy(tmp_path: Path) -> Path:
-    for name in ("Snakefile", "rules", "config", "corpora", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    # a copy (fixture_models declares its module as input; faked outputs must be newer than it)
-    shutil.copytree(ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return tmp_path
-
-
 def _dry_run(tmp_path: Path, config: str, *extra: str) -> tuple[str, dict[str, int]]:
     proc = subprocess.run([sys.executable, "-m", "snakemake", "screen", "-n", *extra, "--configfile", config],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -80,9 +70,9 @@ def _dry_run(tmp_path: Path, config: str, *extra: str) -> tuple[str, dict[str, i
 
 
 def test_gpu_study_dry_run_plans_one_screening_deployment_per_arm(tmp_path):
-    from test_workflow_dag import fake_planned
+    from test_workflow_dag import fake_planned, workflow_copy
 
-    _workflow_copy(tmp_path)
+    workflow_copy(tmp_path)
     out, counts = _dry_run(tmp_path, "config/gpu-h200.yaml", "--cores", "16")
     assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts  # the DAG comes from the plan
     fake_planned(tmp_path, "config/gpu-h200.yaml")
@@ -128,9 +118,9 @@ def test_x4_launch_command_carries_tp4_and_the_draft_tp():
 
 
 def test_x4_dry_run_builds_the_tp4_draft_and_four_screening_deployments(tmp_path):
-    from test_workflow_dag import fake_planned
+    from test_workflow_dag import fake_planned, workflow_copy
 
-    _workflow_copy(tmp_path)
+    workflow_copy(tmp_path)
     out, counts = _dry_run(tmp_path, "config/gpu-h200x4.yaml", "-p", "--cores", "64")
     assert counts.get("plan_screen") == 1 and "--draft-preset tp4" in out, counts
     fake_planned(tmp_path, "config/gpu-h200x4.yaml")

@@ -43,15 +43,20 @@ def job_counts(out: str) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture()
-def workdir(tmp_path: Path) -> Path:
+def workflow_copy(dest: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, config, corpora, envs, scripts) to dry-run in."""
     for name in ("Snakefile", "rules", "config", "corpora", "envs"):
         src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
     # A copy, not a link: rule fixture_models declares scripts/specstudy/fixture_models.py as an input, and the
     # faked outputs must be newer than it (fake_screening ages every file of the copy).
-    shutil.copytree(ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return tmp_path
+    shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    return workflow_copy(tmp_path)
 
 
 def _corpus_dirs(workdir: Path, config: str = "config/config.yaml") -> dict[str, str]:
