@@ -302,8 +302,8 @@ class GateTreatment(msgspec.Struct):
     pairing: str | None = None
 
 
-class GateRecord(msgspec.Struct):
-    """``gates/<phase>/<arm>.json`` (schema ``gate``; gate.judge)."""
+class Verdict(msgspec.Struct):
+    """What every gate record of one arm starts with (the greedy gate, the sampling gate)."""
 
     arm: str | None
     phase: str | None
@@ -311,6 +311,11 @@ class GateRecord(msgspec.Struct):
     reasons: list[Reason]
     blocks_recommendation: bool
     claim: str
+
+
+class GateRecord(Verdict):
+    """``gates/<phase>/<arm>.json`` (schema ``gate``; gate.judge)."""
+
     margins: Json
     treatment: GateTreatment | None
     control: GateControl | None
@@ -342,15 +347,9 @@ class SamplingCheck(msgspec.Struct):
     passed: bool
 
 
-class SamplingGateRecord(msgspec.Struct):
+class SamplingGateRecord(Verdict):
     """``sampling`` gate record of one speculative arm (schema ``sampling-gate``; sampling.judge)."""
 
-    arm: str | None
-    phase: str | None
-    verdict: str  # pass | fail | no_verdict
-    reasons: list[Reason]
-    blocks_recommendation: bool
-    claim: str
     settings: Json
     unit: str  # token_id | word
     n_prompts: int
