@@ -25,6 +25,7 @@ include: "rules/select.smk"
 include: "rules/capacity.smk"
 include: "rules/report.smk"
 include: "rules/mechanics.smk"
+include: "rules/extensions.smk"
 
 
 # Before the first job (never in a dry run): move a report/tables built from a missing checkpoint output aside.
@@ -48,6 +49,13 @@ localrules:
     final_candidate,
     confirm_round,
     tables,
+    sampling,
+    mechanics,
+    memory,
+    profile,
+    plan_extension,
+    sampling_gate,
+    extension_summary,
 
 
 rule all:

@@ -145,7 +145,17 @@ def corpus_build_inputs(wildcards):
 # ------------------------------------------------------------------ plans and deployments
 
 def phase_conc(phase):
+    if phase in EXT_PHASES:
+        conc = _ext_section(phase).get("concurrency") or []
+        return [conc] if isinstance(conc, int) else list(conc)
     return SCREEN_CONC if phase == "screen" else CONFIRM_CONC
+
+
+def phase_workloads(phase):
+    if phase in EXT_PHASES:
+        s = _ext_section(phase)
+        return list(s.get("workloads") or ([s["workload"]] if phase == "profile" else []))
+    return WORKLOADS
 
 
 def cell_path(phase, arm, rep, workload, conc):
@@ -158,7 +168,7 @@ def record_path(phase, arm, rep):
 
 def deployment_outputs(phase):
     pattern = f"results/{phase}/{{{{arm}}}}/{{{{rep}}}}/{{workload}}/c{{conc}}/summary.json"
-    return expand(pattern, workload=WORKLOADS, conc=phase_conc(phase))
+    return expand(pattern, workload=phase_workloads(phase), conc=phase_conc(phase))
 
 
 def selection_file(wildcards=None):
@@ -211,6 +221,8 @@ def confirm_plan():
 
 
 def plan_for(phase):
+    if phase in EXT_PHASES:
+        return ext_plan(phase)
     return screen_plan() if phase == "screen" else confirm_plan()
 
 
@@ -461,6 +473,7 @@ def report_inputs(wildcards):
         "tables": "results/tables/cells.parquet",
         "capacity": capacity_targets(wildcards),
         "heldout": [FIXTURE_HELDOUT] if FIXTURES else [],
+        "sections": report_extension_sections(),
     }
 
 
@@ -469,3 +482,100 @@ def tables_inputs(wildcards):
     if stale:
         return stale
     return screen_cells() + screen_records() + gates_of("screen") + confirm_cells() + confirm_records() + gates_of("confirm")
+
+
+# ------------------------------------------------------------------ extension phases (rules/extensions.smk)
+# Opt-in phases after the greedy core (specstudy.extensions; docs/extensions.md): each has its own plan
+# checkpoint (results/plan/<phase>.json), deployments under results/<phase>/, a summary and a report
+# section; none is ever read by the core tables, gates, selection or decision.
+from specstudy import extensions as _ext  # noqa: E402
+
+try:
+    _ext.check(config, PREREG, "the study config (--configfile / config/config.yaml)")
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
+EXT_PHASES = _ext.declared(config)
+EXT_ARMS_FROM_CONFIRMATION = (config.get("extensions") or {}).get("arms", "confirmation") == "confirmation"
+
+
+def _ext_section(phase):
+    return (config.get("extensions") or {})[phase]
+
+
+def require_extension(phase):
+    if phase not in EXT_PHASES:
+        raise WorkflowError(f"`snakemake {_ext.TARGETS[phase]}`: the study config declares no 'extensions.{phase}' "
+                            "section; declare it (see config/config.yaml and docs/extensions.md)")
+
+
+def ext_plan(phase):
+    """An extension phase's plan: results/plan/<phase>.json, the output of checkpoint plan_extension."""
+    require_extension(phase)
+    return _read_plan(checkpoints.plan_extension.get(ext=phase).output.plan)
+
+
+def ext_plan_inputs(wildcards):
+    require_extension(wildcards.ext)
+    inputs = {"corpora": all_corpus_json(), "config": ancient(CONFIG_FILE),
+              "lock": ancient("results/screen/prereg-lock.json")}
+    if EXT_ARMS_FROM_CONFIRMATION:  # the arms of the confirmation plan (built from the verified selection)
+        confirm_plan()
+        inputs["arms"] = ancient("results/plan/confirm.json")
+    return inputs
+
+
+# named here, not from input: (which waits on the confirmation checkpoint), so a dry run prints the command
+EXT_ARMS_OPTION = "--arms-from results/plan/confirm.json" if EXT_ARMS_FROM_CONFIRMATION else ""
+
+
+def ext_deployment_inputs(phase):
+    def inputs(wildcards):
+        return deployment_inputs(wildcards, phase)
+
+    return inputs
+
+
+def ext_records(phase):
+    return _records_of(ext_plan(phase))
+
+
+def ext_cells(phase):
+    return _cells_of(ext_plan(phase))
+
+
+def sampling_gate_path(arm):
+    return f"results/sampling/gates/{arm}.json"
+
+
+def sampling_gate_inputs(wildcards):
+    p = ext_plan("sampling")
+    base = [record_path("sampling", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == "baseline"]
+    cand = [record_path("sampling", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == wildcards.arm]
+    if not cand:
+        raise WorkflowError(f"{sampling_gate_path(wildcards.arm)}: arm {wildcards.arm} has no deployment in the sampling "
+                            f"plan (arms: {spec_arms(p)})")
+    return {"baseline": base, "candidate": cand}
+
+
+def ext_summary_inputs(phase):
+    def inputs(wildcards):
+        p = ext_plan(phase)
+        out = {"plan": f"results/plan/{phase}.json", "records": _records_of(p), "cells": _cells_of(p),
+               "config": ancient(CONFIG_FILE)}
+        if phase == "sampling":
+            out["gates"] = [sampling_gate_path(a) for a in spec_arms(p)]
+        if phase in ("sampling", "ignore_eos"):  # the greedy, natural-EOS figures shown beside them
+            out["natural"] = confirm_cells() + confirm_records()
+        if phase == "memory" and CAPACITY.get("enabled"):
+            out["knees"] = capacity_targets(wildcards)
+        return out
+
+    return inputs
+
+
+def ext_section(phase):
+    return f"results/{phase}/section.md"
+
+
+def report_extension_sections():
+    return [ext_section(p) for p in _ext.in_report(config)]

@@ -35,7 +35,9 @@ rule build_report:
         "results/benchmarks/report/report.tsv"
     params:
         config=CONFIG_FILE,
+        sections=" ".join(report_extension_sections()),
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy report --results results --tables results/tables --config {params.config} --out results/report > {log} 2>&1"
+        "specstudy report --results results --tables results/tables --config {params.config} --out results/report "
+        "--sections {params.sections} > {log} 2>&1"

@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "mechanics",
     "rerun",
     "checkconfig",
+    "extension_cli",
 ]
 
 

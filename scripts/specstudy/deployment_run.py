@@ -26,17 +26,35 @@ from .deployment.spec import deployment_spec, engine_flat, fingerprint, fingerpr
 from .records import Plan, read_plan
 
 
-def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0):
+def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, settings: dict | None = None,
+                   seed_offset: int = 0):
+    """``n`` requests cycling over ``prompts``. ``settings`` (the cell settings) may fix the output length
+    (``ignore_eos`` with ``output_tokens``: the mechanics phase) and give every request its own seed
+    (``seed_policy: per_request``: request i carries ``seed + seed_offset + i``, the same in every arm)
+    and ``top_p`` (the sampling phase)."""
     from .loadgen import RequestSpec
 
     if not prompts:
         raise ValueError(f"workload {workload}: the corpus has no prompts")
+    settings = settings or {}
+    fixed = int(settings["output_tokens"]) if settings.get("ignore_eos") else None
     out = []
     for i in range(n):
         p = prompts[(offset + i) % len(prompts)]
+        extra: dict = {}
+        if fixed is not None:
+            extra["ignore_eos"] = True
+        if settings.get("seed_policy") == "per_request":
+            extra["seed"] = int(settings.get("seed") or 0) + seed_offset + i
+        if settings.get("top_p") is not None:
+            extra["top_p"] = float(settings["top_p"])
         out.append(RequestSpec(prompt_id=p["prompt_id"], workload=workload, messages=p["messages"],
-                               max_tokens=int(p["max_tokens"])))
+                               max_tokens=fixed if fixed is not None else int(p["max_tokens"]), extra_body=extra))
     return out
+
+
+#: warm-up requests of a per-request-seed cell draw their seeds from here on (never a measured request's seed)
+WARMUP_SEED_OFFSET = 1_000_000
 
 
 def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
@@ -135,6 +153,7 @@ class _Job:
     exit_code: int | None = None  # the server's exit code (DeploymentError), for the failure record
     cancelled_code: int | None = None  # 128+signal once SIGTERM/SIGINT cancelled the job
     captures: list[str] = field(default_factory=list)
+    extension: dict = field(default_factory=dict)  # an extension phase's artifacts (specstudy.extensions)
     cache_config: dict | None = None
     stop_info: dict | None = None
     # filled after the stop
@@ -191,12 +210,13 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
         return 2
     job = _open_job(spec, out, results_root, lock_path)
     _prepare_cells(job, plan, plan_path)
-    if not job.to_measure and spec["kind"] != "capacity":
+    if not job.to_measure and spec["kind"] not in ("capacity", "memory"):
         return _publish_without_server(job)
     with readiness.stop_on_signals(lambda: job.server, grace_s=job.grace_s):
         try:
             if _launch_and_wait_ready(job):
                 _smoke_captures(job)
+                _sampled_capture(job)
                 _measure(job)
         except readiness.TerminatedBySignal as exc:
             job.cancelled_code = 128 + exc.signum
@@ -318,7 +338,8 @@ def _launch_and_wait_ready(job: _Job) -> bool:
 
     try:
         job.progress.phase("launch")
-        job.server, _backend = launch.start_server(job.eng, job.arm, attempt_dir=job.attempt, served_model_name=job.served)
+        eng = _with_profiler(job) if job.spec.get("profile") else job.eng
+        job.server, _backend = launch.start_server(eng, job.arm, attempt_dir=job.attempt, served_model_name=job.served)
         job.log(f"server starting: pid {job.server.pid} {job.server.base_url}")
         job.readiness = readiness.wait_ready(job.server, timeout_s=float(job.eng["readiness_timeout_s"]))
         job.times["ready"] = utcnow()
@@ -353,7 +374,8 @@ def _smoke_captures(job: _Job) -> None:
 
 
 def _measure(job: _Job) -> None:
-    """The capacity search (capacity jobs), then the cells strictly in planned order."""
+    """The capacity search (capacity jobs) or the memory sweep (memory jobs), then the cells strictly in
+    planned order (a profile job runs them under the profiler)."""
     job.cache_config, _ = prom.fetch_kv_cache_config(job.server.base_url, api_key=job.eng.get("api_key"))
     _pin_client(job.settings.get("client_cpus"), job.log)
     job.stage = "cells"
@@ -365,10 +387,110 @@ def _measure(job: _Job) -> None:
                        "confounds": launchlog.parse_launch_log(log_text)},
                       job.out, job.attempt, progress=job.progress, alive=job.death.alive)
         job.progress.end_phase()
+    if job.spec["kind"] == "memory":
+        _memory_sweep(job)
     to_measure = job.to_measure
-    for n, entry in enumerate(to_measure, 1):
-        if not _measure_cell(job, entry, n, len(to_measure)):
-            break  # the server died: the rest are marked deployment_failed when the records are written
+    profiling = job.spec["kind"] == "profile" and bool(to_measure)
+    if profiling:
+        _profile_start(job)
+    try:
+        for n, entry in enumerate(to_measure, 1):
+            if not _measure_cell(job, entry, n, len(to_measure)):
+                break  # the server died: the rest are marked deployment_failed when the records are written
+    finally:
+        if profiling and job.death.alive():
+            _profile_stop(job)
+
+
+# --------------------------------------------------------------------------------------------------
+# Extension phases (specstudy.extensions): what a deployment runs besides its cells
+# --------------------------------------------------------------------------------------------------
+def _sampled_capture(job: _Job) -> None:
+    """The sampling phase: every capture prompt x every pre-registered seed at the sampling temperature."""
+    sc = job.spec.get("sampled_capture")
+    if not sc:
+        return
+    from . import corpus as corpusmod
+    from . import sampling
+
+    job.stage = "sampled_capture"
+    prompts = corpusmod.load_prompts(sc["corpus_dir"])[: int(sc["prompts"])]
+    corpus_ref = _corpus_ref(atomic.read_json(Path(sc["corpus_dir"]) / "corpus.json"))
+    path = job.attempt / "sampling" / "capture.json"
+    job.progress.phase("sampled_capture", f"{len(prompts)} prompts x {len(sc['seeds'])} seeds")
+    sampling.capture_sampled(job.server.base_url, job.served, prompts, path, seeds=list(sc["seeds"]),
+                             temperature=float(sc["temperature"]), top_p=float(sc["top_p"]),
+                             concurrency=int(sc["concurrency"]), deployment_id=job.deployment_id,
+                             arm=job.arm["name"], corpus=corpus_ref, api_key=job.eng.get("api_key"),
+                             request_timeout_s=float(job.settings.get("request_timeout_s", 600)))
+    job.progress.end_phase()
+    job.extension["sampled_capture"] = str(path)
+
+
+def _memory_sweep(job: _Job) -> None:
+    """The memory phase: the KV-cache sweep (largest concurrency without preemption per context length)."""
+    from . import corpus as corpusmod
+    from . import memory
+
+    m = job.spec["memory"]
+    work = job.attempt / "memory"
+    job.progress.phase("memory_sweep")
+    memory.run_sweep(job.server.base_url, job.served, prompts_source=corpusmod.load_prompts(m["corpus_dir"]),
+                     tokenizer_dir=job.eng["tokenizer"], context_tokens=list(m["context_tokens"]),
+                     output_tokens=int(m["output_tokens"]), concurrency=list(m["concurrency"]),
+                     metrics_url=job.server.base_url + "/metrics", out_dir=work, api_key=job.eng.get("api_key"),
+                     request_timeout_s=float(job.settings.get("request_timeout_s", 600)))
+    job.progress.end_phase()
+    if not job.death.alive():
+        raise RuntimeError(f"{work}: the server died during the memory sweep")
+    job.extension["memory"] = str(work / "memory.json")
+
+
+def _engine_vllm_version(job: _Job) -> str:
+    declared = (job.spec.get("profile") or {}).get("vllm_version")
+    if declared:
+        return str(declared)
+    version = provenance.server_software(job.eng.get("python")).get("vllm")
+    if not version:
+        raise DeploymentError("profile phase: the engine's vLLM version is unknown; declare "
+                              "extensions.profile.vllm_version in the study config", stage="launch", reason="profiler")
+    return str(version)
+
+
+def _with_profiler(job: _Job) -> dict:
+    """The engine settings with vLLM's torch profiler on, writing its traces into the attempt."""
+    from . import profiling
+
+    trace_dir = (job.attempt / "profile" / "traces").resolve()
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    extra = profiling.launch_settings(str(trace_dir), _engine_vllm_version(job))
+    eng = dict(job.eng)
+    eng["extra_args"] = list(eng.get("extra_args") or []) + list(extra.get("extra_args") or [])
+    eng["env"] = {**(eng.get("env") or {}), **(extra.get("env") or {})}
+    job.extension["profile_traces"] = str(trace_dir)
+    return eng
+
+
+def _profile_start(job: _Job) -> None:
+    from . import profiling
+
+    job.progress.phase("profile", "start")
+    profiling.start(job.server.base_url, api_key=job.eng.get("api_key"))
+    job.progress.end_phase()
+
+
+def _profile_stop(job: _Job) -> None:
+    """Stop the profiler (it writes the traces), then classify the traces' time (kept beside them)."""
+    from . import profiling
+
+    job.progress.phase("profile", "stop and write traces")
+    profiling.stop(job.server.base_url, api_key=job.eng.get("api_key"))
+    job.progress.end_phase()
+    trace_dir = Path(job.extension["profile_traces"])
+    summary = profiling.summarize_traces(trace_dir)
+    path = trace_dir.parent / "summary.json"
+    atomic.write_json(path, summary)
+    job.extension["profile"] = str(path)
 
 
 def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
@@ -382,8 +504,8 @@ def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
     cdir = job.attempt / _cell_rel(c)
     prompts = corpusmod.load_prompts(c["corpus_dir"])
     n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
-    reqs = _request_specs(prompts, n_requests, c["workload"])
-    warm = _request_specs(prompts, n_warmup, c["workload"])
+    reqs = _request_specs(prompts, n_requests, c["workload"], settings=settings)
+    warm = _request_specs(prompts, n_warmup, c["workload"], settings=settings, seed_offset=WARMUP_SEED_OFFSET)
     if not job.death.alive():
         return False
     sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
@@ -479,6 +601,7 @@ def _write_records(job: _Job) -> int:
                command=job.server.record_command if job.server is not None else None, provenance=job.provenance,
                confounds=job.confounds, startup=job.startup, cache_config=job.cache_config,
                smoke={"captures": job.captures}, cells=job.cell_records, times=job.times,
+               extension=dict(job.extension, attempt=str(job.attempt)) if job.extension else None,
                prereg_sha256=job.lock.get("sha256"), block=job.spec.get("block"), order=job.spec.get("order"),
                phases=job.progress.timeline())
     previous = _previous_ok_record(job.out)

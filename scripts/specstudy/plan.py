@@ -27,11 +27,13 @@ from . import atomic
 from .arms import ARM_PATTERN, arm_name
 from .atomic import sha256_file
 from .config import ConfigError, load_config, load_prereg, prereg_path
+from .extensions import PHASES as EXTENSION_PHASES
 
 __all__ = ["ARM_PATTERN", "arm_name"]  # re-exported: rules/common.smk reads plan.ARM_PATTERN
 REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
 WORKLOAD_PATTERN = r"[a-z][a-z0-9_]*"
-PHASES = ("screen", "confirm")
+CORE_PHASES = ("screen", "confirm")
+PHASES = CORE_PHASES + EXTENSION_PHASES
 
 
 def _unservable_reason(cfg: dict, spec: dict) -> str | None:
@@ -92,6 +94,10 @@ def _rng(seed: int, *parts) -> random.Random:
 
 
 def phase_design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
+    if phase in EXTENSION_PHASES:
+        from . import extensions
+
+        return extensions.design(cfg, phase, prereg if prereg is not None else load_prereg(cfg))
     if phase == "screen":
         return {"concurrency": list(cfg["screen"]["concurrency"]), "repeats": int(cfg["screen"]["repeats"])}
     prereg = prereg if prereg is not None else load_prereg(cfg)
@@ -138,27 +144,31 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     else:
         chosen = [a for a in every if a["servable"]]
     skipped = [{"arm": a["name"], "reason": a["skip_reason"]} for a in every if not a["servable"]]
-    workloads = list(cfg["corpora"]["workloads"])
+    extension = phase in EXTENSION_PHASES
+    workloads = list(design["workloads"]) if extension else list(cfg["corpora"]["workloads"])
     plan_cfg = cfg.get("plan") or {}
-    blocks = int(plan_cfg.get("blocks", 1))
-    drift_n = int(plan_cfg.get("drift_baselines_per_block", 0))
-    drift = drift_cell(cfg, phase, prereg)
+    blocks = 1 if extension else int(plan_cfg.get("blocks", 1))
+    drift_n = 0 if extension else int(plan_cfg.get("drift_baselines_per_block", 0))
+    drift = None if extension else drift_cell(cfg, phase, prereg)
+    kind = design.get("kind", "repeat")
     deployments: list[dict] = []
     names = [a["name"] for a in chosen]
     by_block: dict[int, list[dict]] = {b: [] for b in range(1, blocks + 1)}
     initial = int(design["repeats"])
-    cap = int(design.get("max_repeats", initial))
+    # An extension phase may deploy the baseline more often (the sampling phase's control needs two).
+    base_reps = int(design.get("baseline_repeats", initial))
+    cap = int(design.get("max_repeats", max(initial, base_reps)))
 
     def add_round(r: int) -> None:
-        order = list(names)
+        order = [n for n in names if r <= (base_reps if n == "baseline" else initial) or r > max(initial, base_reps)]
         _rng(seed, phase, "round", r).shuffle(order)
         block = (r - 1) % blocks + 1
         for name in order:
-            by_block[block].append({"phase": phase, "arm": name, "rep": f"rep{r}", "kind": "repeat", "round": r, "block": block,
-                                    "adaptive": r > initial,
-                                    "cells": cell_order(cfg, phase, name, r - 1, workloads, design["concurrency"])})
+            cells = cell_order(cfg, phase, name, r - 1, workloads, design["concurrency"]) if workloads else []
+            by_block[block].append({"phase": phase, "arm": name, "rep": f"rep{r}", "kind": kind, "round": r, "block": block,
+                                    "adaptive": r > max(initial, base_reps), "cells": cells})
 
-    for r in range(1, initial + 1):
+    for r in range(1, max(initial, base_reps) + 1):
         add_round(r)
     drift_counter = 0
     for block in range(1, blocks + 1):
@@ -167,7 +177,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
             by_block[block].append({"phase": phase, "arm": "baseline", "rep": f"drift{drift_counter}", "kind": "drift",
                                     "round": None, "block": block, "adaptive": False, "cells": [dict(drift)]})
     # Adaptive rounds come after the drift baselines so that nothing always-run waits for a round that may not run.
-    for r in range(initial + 1, cap + 1):
+    for r in range(max(initial, base_reps) + 1, cap + 1):
         add_round(r)
     for block in range(1, blocks + 1):
         for i, dep in enumerate(by_block[block]):
@@ -240,6 +250,13 @@ def _cmd_plan(args) -> int:
             print(f"error: {exc}")
             return 2
         arms = sel["confirmation_arms"]
+    if args.phase in EXTENSION_PHASES:
+        from . import extensions
+
+        confirm_arms = None
+        if args.arms_from:
+            confirm_arms = [a["name"] for a in atomic.read_json(args.arms_from)["arms"]]
+        arms = extensions.arm_names(cfg, confirm_arms)
     plan = make_plan(cfg, args.phase, arms)
     plan["corpora"] = {}
     for path in args.corpora or []:
@@ -282,6 +299,8 @@ def register(sub) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--phase", choices=PHASES, default="screen")
     p.add_argument("--selection", help="selection.json (confirmation plans only)")
+    p.add_argument("--arms-from", help="extension phases: the confirmation plan whose arms they deploy "
+                   "(extensions.arms: confirmation)")
     p.add_argument("--corpora", nargs="*", default=[], help="corpus.json files whose digests the plan records")
     p.add_argument("--out", help="where plan.json goes (required unless --cost)")
     p.add_argument("--cost", action="store_true",

@@ -236,6 +236,16 @@ class TensorParallel(msgspec.Struct):
     draft: int | None = None
 
 
+class Extension(msgspec.Struct):
+    """What an extension phase's deployment produced besides its cells (paths into its attempt)."""
+
+    attempt: str | None = None
+    sampled_capture: str | None = None
+    memory: str | None = None
+    profile: str | None = None
+    profile_traces: str | None = None
+
+
 class DeploymentRecord(msgspec.Struct):
     """``<phase>/<arm>/<rep>/deployment.json`` (schema ``deployment``; deployment_run) and
     ``deployment-failures/<phase>/<arm>/<rep>/<id>/failure.json`` (schema ``deployment-failure``;
@@ -258,6 +268,7 @@ class DeploymentRecord(msgspec.Struct):
     rep_label: str | None = None
     kind: str | None = None
     schema: str | None = None
+    extension: Extension | None = None  # an extension phase's artifacts (specstudy.extensions)
 
     @property
     def arm_name(self) -> str | None:

@@ -70,6 +70,8 @@ def render_markdown(blocks: list[Block]) -> str:
             out.append(f"![{b[2]}]({b[1]})\n\n*Figure: {b[2]}*\n")
         elif kind == "pre":
             out.append("```\n" + b[1].rstrip("\n") + "\n```\n")
+        elif kind == "md":  # a section written as Markdown by another step (an extension phase's section.md)
+            out.append(b[1].rstrip("\n") + "\n")
     return "\n".join(out)
 
 
@@ -100,6 +102,10 @@ def render_html(blocks: list[Block], title: str) -> str:
             parts.append(f"<figure><img src='{e(b[1])}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
         elif kind == "pre":
             parts.append(f"<pre>{e(b[1])}</pre>")
+        elif kind == "md":
+            from markdown_it import MarkdownIt
+
+            parts.append(MarkdownIt("commonmark", {"html": False}).enable("table").render(b[1]))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -328,7 +334,8 @@ def _fmt_set(vals: set) -> str:
     return " / ".join("disabled" if v is False else "enabled" if v is True else _f(v, "{:.0f}") for v in vals)
 
 
-def build(results: str | Path, tables_dir: str | Path, config: dict | None, out: str | Path) -> dict:
+def build(results: str | Path, tables_dir: str | Path, config: dict | None, out: str | Path,
+          sections: list[str] | None = None) -> dict:
     """Compute everything and write report.md, report.html, plots/, recommendation.json and patches."""
     from specstudy import atomic, stats
     from specstudy.tables import read_tables
@@ -443,6 +450,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     from specstudy import duty
 
     duty_rows = duty.report_section(B, results)
+    _extension_sections(B, sections or [])
 
     md = render_markdown(B)
     atomic.write_text(out / "report.md", md)
@@ -992,6 +1000,19 @@ def _method_section(B, s):
               [[r["scenario"], r["n"]] + [_f(r[m], "{:.2f}") for m in methods] for r in cov]))
 
 
+def _extension_sections(B: list, sections: list[str]) -> None:
+    """The opt-in extension phases' own sections (results/<phase>/section.md, config extensions.report),
+    after everything above and under their own heading: none of them feeds the recommendation."""
+    if not sections:
+        return
+    B.append(("h", 2, "Extensions (opt-in phases, kept apart: none of them feeds the recommendation above)"))
+    for path in sections:
+        text = Path(path).read_text(encoding="utf-8")
+        # each section starts at level 2; nest it one level under the heading above
+        lines = ["#" + line if line.startswith("#") else line for line in text.splitlines()]
+        B.append(("md", "\n".join(lines) + f"\n\n*Source: `{path}`*"))
+
+
 def _cmd_report(args) -> int:
     config = {}
     if args.config:
@@ -1000,7 +1021,7 @@ def _cmd_report(args) -> int:
             print(f"{p}: config file not found (pass the resolved config JSON written by the workflow)")
             return 2
         config = json.loads(p.read_text()) if p.suffix == ".json" else __import__("yaml").safe_load(p.read_text())
-    summary = build(args.results, args.tables, config, args.out)
+    summary = build(args.results, args.tables, config, args.out, sections=args.sections)
     rec = summary["recommendation"]
     print(f"report: {Path(args.out) / 'report.md'}; decision: {rec['decision']} {rec.get('enable') or ''}".rstrip())
     return 0
@@ -1012,4 +1033,6 @@ def register(subparsers) -> None:
     p.add_argument("--tables", default="results/tables")
     p.add_argument("--config", default=None, help="resolved study config (JSON or YAML)")
     p.add_argument("--out", default="results/report")
+    p.add_argument("--sections", nargs="*", default=[],
+                   help="extension phases' sections (results/<phase>/section.md) appended under 'Extensions'")
     p.set_defaults(func=_cmd_report)

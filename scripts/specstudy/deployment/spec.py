@@ -168,9 +168,23 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
         dep = plan.deployment(arm_name, rep)
     except KeyError as exc:
         raise UserError(f"--deployment {key!r}: {exc.args[0]}") from None
-    return {"phase": phase, "rep": rep, "kind": dep.kind, "block": dep.block, "order": dep.order,
+    spec = {"phase": phase, "rep": rep, "kind": dep.kind, "block": dep.block, "order": dep.order,
             "cells": [{"workload": c.workload, "concurrency": c.concurrency, "corpus_dir": dirs[c.workload]}
                       for c in dep.cells], **common}
+    design = plan.design if isinstance(plan.design, dict) else {}
+    if design.get("cell_settings") or design.get("kind") in ("memory", "profile") or design.get("capture"):
+        # An extension phase (specstudy.extensions): its plan's design overrides cell settings and names
+        # what the deployment runs besides its cells; phase-only server flags join the engine's.
+        from ..extensions import deployment_extras
+
+        spec["cell_settings"] = {**cfg["cells"], **(design.get("cell_settings") or {})}
+        spec.update(deployment_extras(design, dirs))
+        if design.get("extra_args"):
+            engine = dict(cfg["engine"])
+            engine["server"] = dict(engine.get("server") or {})
+            engine["server"]["extra_args"] = list(engine["server"].get("extra_args") or []) + list(design["extra_args"])
+            spec["engine"] = engine
+    return spec
 
 
 def load_settings(path: str) -> dict:
