@@ -577,5 +577,15 @@ def ext_section(phase):
     return f"results/{phase}/section.md"
 
 
+def ext_targets(phase):
+    """A phase's target: its deployments, cells (and sampling judges) and its summary section."""
+    def inputs(wildcards):
+        p = ext_plan(phase)
+        gates = [sampling_gate_path(a) for a in spec_arms(p)] if phase == "sampling" else []
+        return _records_of(p) + _cells_of(p) + gates + [ext_section(phase)]
+
+    return inputs
+
+
 def report_extension_sections():
     return [ext_section(p) for p in _ext.in_report(config)]

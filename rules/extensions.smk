@@ -6,22 +6,22 @@
 
 rule sampling:
     input:
-        lambda wildcards: ext_section("sampling"),
+        ext_targets("sampling"),
 
 
 rule mechanics:
     input:
-        lambda wildcards: ext_section("ignore_eos"),
+        ext_targets("ignore_eos"),
 
 
 rule memory:
     input:
-        lambda wildcards: ext_section("memory"),
+        ext_targets("memory"),
 
 
 rule profile:
     input:
-        lambda wildcards: ext_section("profile"),
+        ext_targets("profile"),
 
 
 checkpoint plan_extension:

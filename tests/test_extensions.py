@@ -1,0 +1,197 @@
+"""The extension phases' framework: plans, deployment specs, requests, config checks and the DAG (issue #20).
+
+The phases' own measurements and analyses have their own test files (test_sampling*, test_ignore_eos,
+test_memory, test_profiling); the real deployments of each phase run in test_extensions_real.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from specstudy import extensions, plan, schemas  # noqa: E402
+from specstudy.config import ConfigError, load_config, load_prereg  # noqa: E402
+from specstudy.deployment.spec import deployment_spec  # noqa: E402
+from specstudy.deployment_run import WARMUP_SEED_OFFSET, _request_specs  # noqa: E402
+from specstudy.loadgen import _payload  # noqa: E402
+
+ARMS = ["baseline", "draft-k2-tp1", "ngram-k4"]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def prereg(cfg):
+    return load_prereg(cfg)
+
+
+def test_every_phase_plans_the_declared_arms_and_design(cfg, prereg):
+    sampling = plan.make_plan(cfg, "sampling", ARMS, prereg)
+    schemas.validate(sampling, "plan", "<sampling plan>")
+    deps = [(d["arm"], d["rep"]) for d in sampling["deployments"]]
+    # every arm once, the baseline twice: the baseline-vs-baseline control of the sampling judge
+    assert sorted(deps) == [("baseline", "rep1"), ("baseline", "rep2"), ("draft-k2-tp1", "rep1"), ("ngram-k4", "rep1")]
+    s = cfg["extensions"]["sampling"]
+    for d in sampling["deployments"]:
+        assert d["kind"] == "repeat"
+        assert sorted((c["workload"], c["concurrency"]) for c in d["cells"]) == sorted(
+            (w, c) for w in s["workloads"] for c in s["concurrency"])
+    design = sampling["design"]
+    assert design["cell_settings"]["temperature"] == prereg["sampling"]["temperature"] == 0.8
+    assert design["cell_settings"]["seed_policy"] == "per_request"
+    seeds = prereg["sampling"]["seeds"]
+    assert design["capture"]["seeds"] == [seeds["base"] + i for i in range(seeds["per_prompt"])]
+
+    mech = plan.make_plan(cfg, "ignore_eos", ARMS, prereg)
+    assert [d["arm"] for d in mech["deployments"]].count("baseline") == 1
+    assert mech["design"]["cell_settings"] == {"ignore_eos": True,
+                                               "output_tokens": cfg["extensions"]["ignore_eos"]["output_tokens"]}
+
+    memory = plan.make_plan(cfg, "memory", ARMS, prereg)
+    schemas.validate(memory, "plan", "<memory plan>")
+    assert {d["kind"] for d in memory["deployments"]} == {"memory"}
+    assert all(d["cells"] == [] for d in memory["deployments"])
+    assert memory["design"]["sweep"]["concurrency"] == sorted(cfg["extensions"]["memory"]["concurrency"])
+
+    profile = plan.make_plan(cfg, "profile", ARMS, prereg)
+    p = cfg["extensions"]["profile"]
+    assert [d["cells"] for d in profile["deployments"]] == [[{"workload": p["workload"], "concurrency": p["concurrency"]}]] * 3
+    assert {d["kind"] for d in profile["deployments"]} == {"profile"}
+
+
+def test_the_core_plans_are_unchanged_by_the_extensions(cfg, prereg):
+    """Adding the extension machinery must not move a single screening or confirmation deployment."""
+    bare = copy.deepcopy(cfg)
+    bare.pop("extensions")
+    for phase, arms in (("screen", None), ("confirm", ARMS)):
+        assert plan.make_plan(cfg, phase, arms, prereg) == plan.make_plan(bare, phase, arms, prereg)
+
+
+def test_the_deployment_spec_carries_the_phase_settings(cfg, prereg):
+    p = plan.make_plan(cfg, "sampling", ARMS, prereg)
+    spec = deployment_spec(p, "sampling/ngram-k4/rep1", cfg)
+    assert spec["cell_settings"]["temperature"] == 0.8 and spec["cell_settings"]["seed_policy"] == "per_request"
+    assert spec["cell_settings"]["requests"] == cfg["cells"]["requests"]  # everything else from the study's cells
+    cap = spec["sampled_capture"]
+    assert cap["workload"] == "open_chat" and cap["corpus_dir"].startswith("results/corpora/")
+    assert "memory" not in spec and "profile" not in spec
+
+    mem_cfg = copy.deepcopy(cfg)
+    mem_cfg["extensions"]["memory"]["extra_args"] = ["--num-gpu-blocks-override", "64"]
+    m = plan.make_plan(mem_cfg, "memory", ARMS, prereg)
+    spec = deployment_spec(m, "memory/baseline/rep1", mem_cfg)
+    assert spec["kind"] == "memory" and spec["cells"] == []
+    assert spec["engine"]["server"]["extra_args"][-2:] == ["--num-gpu-blocks-override", "64"]
+    assert "--num-gpu-blocks-override" not in cfg["engine"]["server"]["extra_args"]  # the study's engine untouched
+
+    screen = deployment_spec(plan.make_plan(cfg, "screen", None, prereg), "screen/baseline/rep1", cfg)
+    assert screen["cell_settings"] == cfg["cells"] and "sampled_capture" not in screen
+
+
+def test_per_request_seeds_are_the_same_in_every_arm_and_fixed_lengths_ignore_eos():
+    prompts = [{"prompt_id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 10 + i}
+               for i in range(3)]
+    settings = {"seed_policy": "per_request", "seed": 1000, "top_p": 0.95, "temperature": 0.8}
+    a = _request_specs(prompts, 5, "code", settings=settings)
+    b = _request_specs(prompts, 5, "code", settings=settings)  # another arm: the same request list
+    assert [r.extra_body["seed"] for r in a] == [1000, 1001, 1002, 1003, 1004] == [r.extra_body["seed"] for r in b]
+    assert [r.max_tokens for r in a] == [10, 11, 12, 10, 11]
+    warm = _request_specs(prompts, 2, "code", settings=settings, seed_offset=WARMUP_SEED_OFFSET)
+    assert {r.extra_body["seed"] for r in warm}.isdisjoint(r.extra_body["seed"] for r in a)
+    body = json.loads(_payload("m", a[3], 0.8, 1))
+    assert body["seed"] == 1003 and body["top_p"] == 0.95 and body["temperature"] == 0.8  # the request's own seed wins
+
+    fixed = _request_specs(prompts, 3, "code", settings={"ignore_eos": True, "output_tokens": 48})
+    assert [r.max_tokens for r in fixed] == [48, 48, 48]
+    assert all(r.extra_body == {"ignore_eos": True} for r in fixed)
+    plain = _request_specs(prompts, 2, "code", settings={"temperature": 0.0, "seed": 1})
+    assert all(r.extra_body == {} for r in plain)  # the core phases' requests are unchanged
+
+
+def test_bad_extension_config_is_named(cfg, prereg):
+    bad = copy.deepcopy(cfg)
+    bad["extensions"]["ignore_eos"]["workloads"] = ["chat"]
+    with pytest.raises(ConfigError, match=r"extensions.ignore_eos.*'chat' is not under corpora.workloads"):
+        extensions.check(bad, prereg, "cfg.yaml")
+    with pytest.raises(ConfigError, match=r"cfg.yaml: field 'extensions.sampling' needs the pre-registration's 'sampling'"):
+        extensions.check(cfg, {k: v for k, v in prereg.items() if k != "sampling"}, "cfg.yaml")
+    bad = copy.deepcopy(cfg)
+    bad["extensions"]["report"] = ["profile"]
+    del bad["extensions"]["profile"]
+    with pytest.raises(ConfigError, match=r"'extensions.report' names 'profile'.*not declared"):
+        extensions.check(bad, prereg, "cfg.yaml")
+    bad = copy.deepcopy(cfg)
+    del bad["extensions"]["memory"]
+    with pytest.raises(ConfigError, match=r"field 'extensions.memory' is missing.*snakemake memory"):
+        plan.make_plan(bad, "memory", ARMS, prereg)
+    with pytest.raises(ConfigError, match="needs the confirmation plan"):
+        extensions.arm_names(cfg, None)
+    assert extensions.arm_names(dict(cfg, extensions={"arms": ["ngram-k4"]})) == ["baseline", "ngram-k4"]
+
+
+# ---------------------------------------------------------------------------------------------- the DAG
+from test_workflow_dag import fake_screening, job_counts, sm, workflow_copy  # noqa: E402
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    return workflow_copy(tmp_path)
+
+
+def test_each_phase_is_an_opt_in_target_planned_from_the_confirmation_arms(workdir):
+    fake_screening(workdir)
+    sm(workdir, "results/selection/selection.json")
+    sm(workdir, "results/plan/confirm.json")
+    # nothing of an extension phase is in the core study's DAG
+    out = sm(workdir, "-n", "-p", "all").stdout
+    assert not re.search(r"results/(sampling|ignore_eos|memory|profile)/", out)
+    # before its plan exists a phase's DAG ends at its plan checkpoint
+    counts = job_counts(sm(workdir, "-n", "sampling").stdout)
+    assert counts.get("plan_extension") == 1 and "deploy_sampling" not in counts, counts
+    proc = sm(workdir, "-p", "results/plan/sampling.json", "results/plan/ignore_eos.json", "results/plan/memory.json",
+              "results/plan/profile.json")
+    assert "--arms-from results/plan/confirm.json" in proc.stdout + proc.stderr
+    confirm_arms = json.loads((workdir / "results/plan/confirm.json").read_text())["arms"]
+    names = [a["name"] for a in confirm_arms]
+    sampling = json.loads((workdir / "results/plan/sampling.json").read_text())
+    assert sorted({d["arm"] for d in sampling["deployments"]}) == sorted(names)
+
+    out = sm(workdir, "-n", "-p", "sampling").stdout
+    counts = job_counts(out)
+    assert counts["deploy_sampling"] == len(names) + 1             # + the baseline's second deployment
+    assert counts["sampling_gate"] == len(names) - 1               # one judge per speculative arm
+    assert counts["extension_summary"] == 1
+    gate_cmd = next(line for line in out.splitlines() if "specstudy extension gate" in line and "ngram-k2" in line)
+    assert "results/sampling/baseline/rep1/deployment.json results/sampling/baseline/rep2/deployment.json" in gate_cmd
+    assert "/confirm/" not in gate_cmd and "/screen/" not in gate_cmd
+    for target, deploy in (("mechanics", "deploy_ignore_eos"), ("memory", "deploy_memory"), ("profile", "deploy_profile")):
+        counts = job_counts(sm(workdir, "-n", target).stdout)
+        assert counts[deploy] == len(names), (target, counts)
+    # one deployment of a phase is re-run by asking for its record
+    out = sm(workdir, "-n", "-p", "results/memory/ngram-k2/rep1/deployment.json").stdout
+    assert job_counts(out) == {"deploy_memory": 1}
+    assert "--deployment memory/ngram-k2/rep1" in out
+    # an arm outside the phase's plan is refused, naming the plan
+    proc = sm(workdir, "-n", "results/profile/draft-k4-tp1/rep1/deployment.json", check=False)
+    assert proc.returncode != 0 and "not in the profile plan" in proc.stdout + proc.stderr
+
+
+def test_a_study_without_the_phase_says_how_to_declare_it(workdir):
+    cfg = yaml.safe_load((workdir / "config/config.yaml").read_text())
+    del cfg["extensions"]["memory"]
+    (workdir / "config/config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = sm(workdir, "-n", "memory", check=False)
+    assert proc.returncode != 0
+    assert "declares no 'extensions.memory' section" in proc.stdout + proc.stderr
