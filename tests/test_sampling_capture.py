@@ -285,6 +285,7 @@ def test_summarize_verdicts_medians_ratios_and_exclusions(tmp_path):
     gates = [sampling_gate(t, "ngram-k3", {}), sampling_gate(t, "draft-k3-tp1", {"length_factor": 1.5})]
     s = sampling_phase.summarize(gates, cells, greedy, t / "out")
     assert atomic.read_json(t / "out" / "summary.json") == json.loads(json.dumps(s))
+    schemas.validate(atomic.read_json(t / "out" / "summary.json"), "sampling-summary", "summary.json")
     assert s["temperature"] == 0.8 and s["phase"] == "sampling"
 
     v = {r["arm"]: r for r in s["verdicts"]}

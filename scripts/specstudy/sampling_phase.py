@@ -3,7 +3,7 @@
 :func:`summarize` reads the phase's verdicts (``sampling-gate`` records, :func:`specstudy.sampling.judge`),
 its cell summaries (``results/sampling/<arm>/<rep>/<workload>/c<c>/summary.json``, ``keys.phase ==
 "sampling"``) and the greedy confirmation cell summaries (``keys.phase == "confirm"``), and writes
-``summary.json`` and ``section.md`` (the report section "Sampling (temperature T)"):
+``summary.json`` (schema ``sampling-summary``) and ``section.md`` (the report section "Sampling (temperature T)"):
 
 * per arm, the verdict, its reasons and per statistic the treatment and control means, the effect, the
   margin, the p-value and the corrected alpha;
@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from . import atomic, records
+from . import atomic, records, schemas
 from .sampling import STATISTICS, SamplingInputError
 
 SUMMARY_SCHEMA = "specstudy.sampling-summary/1"
@@ -215,6 +215,7 @@ def summarize(gates: list, cells: list, greedy_cells: list, out_dir: str | os.Pa
         "definitions": DEFINITIONS,
     }
     out = Path(out_dir)
+    schemas.validate(summary, "sampling-summary", str(out / "summary.json"))
     atomic.write_json(out / "summary.json", summary)
     atomic.write_text(out / "section.md", markdown(summary))
     return summary
