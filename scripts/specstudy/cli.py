@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "deployment.cli",
     "telemetry",
     "gate",
+    "sampling_phase",
     "select",
     "decision",
     "capacity",

@@ -75,7 +75,10 @@ def _event_from_dict(d: Any) -> _Obj:
                     reasoning=_opt(delta, "reasoning", str),
                     tool_calls=delta.get("tool_calls"),
                 )
-            conv.append(_Obj(delta=delta, finish_reason=_opt(c, "finish_reason", str)))
+            token_ids = _opt(c, "token_ids", list)
+            if token_ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+                raise EventShapeError("field 'token_ids' holds a non-integer")
+            conv.append(_Obj(delta=delta, finish_reason=_opt(c, "finish_reason", str), token_ids=token_ids))
         choices = conv
     usage = _opt(d, "usage", dict)
     if usage is not None:
@@ -100,6 +103,7 @@ try:
     class _Choice(_msgspec.Struct):
         delta: _Delta | None = None
         finish_reason: str | None = None
+        token_ids: list[int] | None = None  # vLLM, when the request asks for return_token_ids
 
     class _Usage(_msgspec.Struct):
         completion_tokens: int | None = None
@@ -264,6 +268,7 @@ class _Run:
         times: list[float] = []  # arrival time (perf_counter) of each content event
         cums: list[Any] = []  # cumulative completion_tokens at each content event (None when absent)
         parts: list[str] = []
+        token_ids: list[int] | None = None  # generated ids, when the server streams them (vLLM return_token_ids)
         trace_ctx: dict = {}
         self.in_flight += 1
         if self.in_flight > self.max_in_flight:
@@ -322,6 +327,10 @@ class _Run:
                             choices = ev.choices
                             if choices:
                                 choice = choices[0]
+                                if choice.token_ids is not None:
+                                    if token_ids is None:
+                                        token_ids = []
+                                    token_ids.extend(choice.token_ids)
                                 delta = choice.delta
                                 if delta is not None:
                                     content = delta.content
@@ -399,6 +408,8 @@ class _Run:
         }
         if self.keep_text:
             row["output_text"] = text
+            if token_ids is not None:  # only when the server streamed them (the request asked for them)
+                row["completion_token_ids"] = token_ids
         return row
 
 

@@ -27,20 +27,24 @@ treatment mean is worse than the control mean by more than its declared margin. 
 ``pass`` | ``fail`` | ``no_verdict`` (with reasons); a pass is "no material distribution shift
 detected; not a proof".
 
-Functions: :func:`load_sampled_capture`, :func:`length_difference`, :func:`unigram_tvd`,
-:func:`text_similarity`, :func:`compare_pair`, :func:`validate_settings`, :func:`judge`. The
-workflow rules, the captures against real servers and the report section are not built yet
-(docs/sampling.md).
+Functions: :func:`capture_sampled` (a sampled capture against a running server),
+:func:`load_sampled_capture`, :func:`length_difference`, :func:`unigram_tvd`, :func:`text_similarity`,
+:func:`compare_pair`, :func:`validate_settings`, :func:`load_settings`, :func:`judge`; the phase's
+summary and report section live in :mod:`specstudy.sampling_phase`. CLI: ``specstudy sampling
+{capture,judge,summary}``. The workflow rules are not built yet (docs/sampling.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from . import atomic, schemas
@@ -125,6 +129,114 @@ def load_sampled_capture(path_or_record: str | os.PathLike | dict, *, source: st
                                      "twice; each (prompt_id, seed) request must appear once")
         seen.add(key)
     return data
+
+
+def _sha256(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def capture_sampled(
+    base_url: str,
+    model: str,
+    prompts: list[dict],
+    out_path: str | os.PathLike,
+    *,
+    seeds: list[int],
+    temperature: float,
+    top_p: float,
+    concurrency: int,
+    deployment_id: str,
+    arm: str,
+    corpus: dict,
+    capture_index: int = 1,
+    api_key: str | None = None,
+    request_timeout_s: float = 300.0,
+) -> dict:
+    """Send every prompt ({prompt_id, messages, max_tokens}) once per seed and write a sampled capture.
+
+    Request (prompt, seed) carries, in its own body (``RequestSpec.extra_body``, applied last), its seed,
+    ``temperature``, ``top_p`` and ``return_token_ids: true`` (vLLM then streams the generated token ids in
+    ``choices[].token_ids``); ``max_tokens`` is the prompt's. The requests go closed-loop at ``concurrency``
+    through ``loadgen.run_closed_loop(..., keep_text=True)``, prompt-major, seeds in the given order. The
+    capture (schema ``sampled-capture``) is validated, written atomically to ``out_path`` and returned.
+    """
+    from . import loadgen
+
+    src = "capture_sampled"
+    if not prompts:
+        raise SamplingInputError(f"{src}: 'prompts' is empty; pass the sampling prompts (rows with prompt_id, "
+                                 "messages, max_tokens)")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
+        raise SamplingInputError(f"{src}: temperature {temperature!r} must be > 0 (a temperature-0 capture is a greedy "
+                                 "capture: use gate.capture_greedy)")
+    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        raise SamplingInputError(f"{src}: top_p {top_p!r} must be in (0, 1]")
+    if (not seeds or any(not isinstance(x, int) or isinstance(x, bool) for x in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise SamplingInputError(f"{src}: seeds {seeds!r} must be a non-empty list of distinct integers (the "
+                                 "pre-registered seeds.base + i)")
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise SamplingInputError(f"{src}: concurrency {concurrency!r} must be an integer >= 1")
+    specs, keys, seen = [], [], set()
+    for i, row in enumerate(prompts):
+        for key in ("prompt_id", "messages", "max_tokens"):
+            if key not in row:
+                raise SamplingInputError(f"{src}: prompt row {i} lacks field '{key}' (rows need prompt_id, messages, "
+                                         "max_tokens)")
+        pid = str(row["prompt_id"])
+        if pid in seen:
+            raise SamplingInputError(f"{src}: prompt row {i}: prompt_id {pid!r} appears twice; each prompt once")
+        seen.add(pid)
+        max_tokens = int(row["max_tokens"])
+        for seed in seeds:
+            specs.append(loadgen.RequestSpec(
+                prompt_id=pid, workload=str(row.get("workload") or row.get("stratum") or "sampling"),
+                messages=row["messages"], max_tokens=max_tokens,
+                extra_body={"seed": int(seed), "temperature": float(temperature), "top_p": float(top_p),
+                            "return_token_ids": True}))
+            keys.append((pid, int(seed), max_tokens))
+    started = _now()
+    result = loadgen.run_closed_loop(base_url, model, specs, concurrency, temperature=float(temperature), seed=None,
+                                     keep_text=True, api_key=api_key, request_timeout_s=request_timeout_s)
+    ended = _now()
+    by_index = {r["request_index"]: r for r in result.rows}
+    out_rows = []
+    for i, (pid, seed, max_tokens) in enumerate(keys):
+        r = by_index.get(i) or {"error": "no result row from the load generator", "success": False}
+        success = bool(r.get("success"))
+        text = r.get("output_text")
+        if text is None and success:
+            text = ""
+        elif not success and not text:
+            text = None  # failed before any text
+        ids = r.get("completion_token_ids")
+        out_rows.append({
+            "prompt_id": pid, "seed": seed, "temperature": float(temperature), "top_p": float(top_p),
+            "max_tokens": max_tokens, "output_text": text, "completion_tokens": r.get("completion_tokens"),
+            "completion_token_ids": None if ids is None else list(ids), "prompt_tokens": r.get("prompt_tokens"),
+            "finish_reason": r.get("finish_reason"), "success": success,
+            "error": None if success else str(r.get("error") or f"unsuccessful (status {r.get('status_code')})"),
+            "output_sha256": _sha256(text), "output_chars": None if text is None else len(text),
+        })
+    record = {
+        "schema": CAPTURE_SCHEMA,
+        "deployment_id": deployment_id,
+        "arm": arm,
+        "capture_index": int(capture_index),
+        "model": model,
+        "corpus": {"name": corpus.get("name"), "version": corpus.get("version"), "digest": corpus.get("digest")},
+        "sampling": {"temperature": float(temperature), "top_p": float(top_p),
+                     "seed_policy": "same_per_request_across_arms", "seeds": [int(x) for x in seeds]},
+        "times": {"started_at": started, "ended_at": ended},
+        "prompts": out_rows,
+    }
+    schemas.validate(record, "sampled-capture", str(out_path))
+    atomic.write_json(out_path, record)
+    return record
 
 
 # --------------------------------------------------------------------------- per-item statistics
@@ -235,6 +347,25 @@ def validate_settings(settings: Any, source: str = "sampling settings") -> dict:
     if errs:
         raise SamplingInputError(f"{source}: invalid sampling section:\n  - " + "\n  - ".join(errs))
     return settings
+
+
+def load_settings(prereg_path: str | os.PathLike) -> dict:
+    """The ``sampling`` section of a pre-registration file (schema-checked, then :func:`validate_settings`).
+
+    Errors name the file and the field; a pre-registration without the section is refused."""
+    from .config import ConfigError, _load_yaml
+
+    path = Path(prereg_path)
+    data = _load_yaml(path)
+    try:
+        schemas.validate(data, "preregistration", str(path))
+    except schemas.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    section = data.get("sampling")
+    if section is None:
+        raise SamplingInputError(f"{path}: field 'sampling' missing; the sampling phase needs a pre-registered "
+                                 "sampling section (see docs/sampling.md)")
+    return validate_settings(section, str(path))
 
 
 # --------------------------------------------------------------------------- the test
