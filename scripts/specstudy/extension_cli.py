@@ -76,14 +76,11 @@ def _captures_of(records: list[str]) -> list[str]:
 
 def _cmd_gate(args) -> int:
     from . import sampling
-    from .config import load_prereg
 
-    prereg = load_prereg({"study": {"preregistration": args.prereg}})
-    if not prereg.get("sampling"):
-        raise UserError(f"{args.prereg}: field 'sampling' is missing; the sampling phase needs it (docs/sampling.md)")
+    settings = sampling.load_settings(args.prereg)  # a missing or bad section names the file and the field
     base = _captures_of(args.baseline)
     cand = _captures_of(args.candidate)
-    rec = sampling.judge(base, cand, base, prereg["sampling"], arm=args.arm, phase="sampling",
+    rec = sampling.judge(base, cand, base, settings, arm=args.arm, phase="sampling",
                          settings_source=f"{args.prereg}: sampling")
     from . import schemas
 
@@ -110,10 +107,12 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
     cells = [c for d in files["deployments"] for c in d["cells"] if Path(c).exists()]
     out = Path(out)
     if phase == "sampling":
-        from . import sampling
+        from . import sampling_phase
 
-        gates = sorted(str(p) for p in (Path(results) / "sampling" / "gates").glob("*.json"))
-        summary = sampling.summarize(gates, cells, _confirm_cells(results), out)
+        arms = sorted({d["arm"] for d in files["deployments"] if d["arm"] != "baseline"})
+        gates = [str(Path(results) / "sampling" / "gates" / f"{a}.json") for a in arms]
+        summary = sampling_phase.summarize([g for g in gates if Path(g).exists()], cells, _confirm_cells(results), out,
+                                           temperature=(prereg.get("sampling") or {}).get("temperature"))
     elif phase == "ignore_eos":
         from . import ignore_eos
 

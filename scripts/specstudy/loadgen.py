@@ -406,6 +406,8 @@ class _Run:
             "output_sha256": hashlib.sha256(text_bytes).hexdigest(),
             "output_chars": len(text),
         }
+        if spec.extra_body:  # what this request set on its own (a per-request seed, ignore_eos): kept with it
+            row["request_params"] = dict(spec.extra_body)
         if self.keep_text:
             row["output_text"] = text
             if token_ids is not None:  # only when the server streamed them (the request asked for them)

