@@ -15,7 +15,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from specstudy import atomic, corpus, extensions, schemas  # noqa: E402
 from specstudy.deployment_run import run_deployment  # noqa: E402
 from specstudy.records import read_deployment  # noqa: E402
-from test_deployment_run import _spec, _vllm_servers, built  # noqa: E402,F401  (fixture)
+from test_deployment_run import _spec, _vllm_servers  # noqa: E402
+from test_deployment_run import built as built_fixture  # noqa: E402,F401  (registers the fixture `built`)
 
 
 def _rows(path: Path) -> list[dict]:
