@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
-.PHONY: install install-harness gpu-stage study screen confirm capacity report rerun test test-fast lint bench bench-decision confirm-again clean-results cost
+.PHONY: install install-harness gpu-stage study screen confirm capacity report sampling mechanics memory profile rerun test test-fast lint bench bench-decision confirm-again clean-results cost
 
 install:
 	envs/install.sh embedded
@@ -23,12 +23,16 @@ gpu-stage:
 	python3 envs/gpu/stage.py
 
 # Deployment jobs also write their progress lines to this terminal (specstudy/progress.py).
-study screen confirm capacity: export SPECSTUDY_PROGRESS_TTY = 1
+study screen confirm capacity sampling mechanics memory profile: export SPECSTUDY_PROGRESS_TTY = 1
 
 study: install
 	$(BIN)/snakemake --profile $(PROFILE) all
 
 screen confirm capacity report: install
+	$(BIN)/snakemake --profile $(PROFILE) $@
+
+# The opt-in extension phases (docs/extensions.md); each runs after screening and the selection.
+sampling mechanics memory profile: install
 	$(BIN)/snakemake --profile $(PROFILE) $@
 
 # Re-run the job writing one result (a cell: its deployment): make rerun CELL=results/screen/<arm>/rep1/<w>/c1/summary.json
