@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "report",
     "random_model",
     "mechanics",
+    "ignore_eos",
     "rerun",
     "checkconfig",
     "extension_cli",
