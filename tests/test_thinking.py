@@ -13,7 +13,7 @@ import yaml
 
 from specstudy import atomic, corpus, template_args
 from specstudy import fixture_models as fm
-from specstudy.config import ConfigError, check_config, effective_config_files, load_config
+from specstudy.config import ConfigError, check_config, effective_config_files
 from specstudy.deployment.spec import fingerprint, fingerprint_context
 from specstudy.deployment_run import _keys, _request_specs, run_deployment
 from specstudy.loadgen import _payload
@@ -137,6 +137,25 @@ def test_a_target_not_built_yet_defers_the_check_to_the_plan_and_the_job(tmp_pat
         deployment_spec(plan, f"screen/{dep['arm']}/{dep['rep']}", cfg)
 
 
+def test_check_config_says_where_the_template_check_stands(tmp_path, monkeypatch, capsys):
+    from specstudy.cli import main
+
+    monkeypatch.chdir(ROOT)
+    target = tmp_path / "target"
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(_cfg(str(target), {"code_thinking": {"chat_template_kwargs": THINK}})))
+    assert main(["check-config", str(path)]) == 0
+    assert f"note: workload_options not yet checked against the chat template: {target} does not exist yet" in \
+        capsys.readouterr().out
+    target.mkdir()
+    (target / "chat_template.jinja").write_text(fm.CHAT_TEMPLATE)
+    assert main(["check-config", str(path)]) == 0
+    assert f"ok: workload_options read by the chat template {target / 'chat_template.jinja'}" in capsys.readouterr().out
+    (target / "chat_template.jinja").write_text(OLD_TEMPLATE)
+    assert main(["check-config", str(path)]) == 2
+    assert "never reads 'enable_thinking'" in capsys.readouterr().err
+
+
 def test_the_deployment_config_file_carries_the_switch():
     cfg = _cfg("x", {"code_thinking": {"chat_template_kwargs": THINK}})
     files = effective_config_files(cfg)
@@ -193,6 +212,13 @@ def test_the_switch_is_part_of_the_fingerprint_and_the_keys():
     assert fps["off"] == cell_fingerprint(dict(ctx, workload="code_thinking", concurrency=1, corpus_digest="d" * 64))
 
     assert _keys(on, cell, "dep")["chat_template_kwargs"] == THINK
+    from specstudy.cell import _keys as summary_keys
+    from specstudy.records import CellKeys, to_record
+
+    kept = summary_keys(_keys(on, cell, "dep"))  # what the cell summary writes
+    assert kept["chat_template_kwargs"] == THINK
+    assert to_record(kept, CellKeys, "summary.json").chat_template_kwargs == THINK
+    assert to_record(summary_keys(_keys(off, cell, "dep")), CellKeys, "summary.json").chat_template_kwargs is None
     assert "chat_template_kwargs" not in _keys(off, cell, "dep")
     assert "chat_template_kwargs" not in _keys(on, dict(cell, workload="code"), "dep")
 
