@@ -120,7 +120,9 @@ def _validity(reasons: list[dict], *, wall_ok: bool = True, notes: list[dict] | 
     }
 
 
-OPTIONAL_KEY_FIELDS = ("kind", "rep_label")  # repeat | drift | upstream; the rep<n>/drift<n> path component
+# kind: repeat | drift | upstream; rep_label: the rep<n>/drift<n> path component; chat_template_kwargs: the
+# workload's chat-template switch (docs/thinking.md)
+OPTIONAL_KEY_FIELDS = ("kind", "rep_label", "chat_template_kwargs")
 
 
 def _keys(keys: dict) -> dict:

@@ -24,9 +24,29 @@ def check(path: str | Path) -> list[str]:
     return checked
 
 
+def template_note(path: str | Path) -> str | None:
+    """What ``check-config`` says about the workloads' chat-template switches (docs/thinking.md): the
+    template they were checked against, or that the check waits for the target to exist."""
+    from .config import load_config
+    from .template_args import TemplateNotReadable, check_workload_options, resolve_template, workloads_with_options
+
+    cfg = load_config(path)  # already checked against the template where it is readable
+    if not workloads_with_options(cfg):
+        return None
+    try:
+        resolve_template(cfg["engine"])
+    except TemplateNotReadable as exc:
+        return (f"note: workload_options not yet checked against the chat template: {exc} does not exist yet; "
+                "`specstudy plan` (the plan rule) and every deployment job check it")
+    return f"ok: workload_options read by the chat template {check_workload_options(cfg, str(path))}"
+
+
 def _cmd(args) -> int:
     for p in check(args.config):
         print(f"ok: {p}")
+    note = template_note(args.config)
+    if note:
+        print(note)
     return 0
 
 

@@ -67,6 +67,11 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
         problems.append(f"field 'capacity.workload': {cap.get('workload')!r} is not a workload in corpora.workloads")
     if problems:
         raise ConfigError(f"{source}: invalid study config:\n  - " + "\n  - ".join(problems))
+    # Chat-template switches (docs/thinking.md): checked against the template here where it is readable;
+    # a target not built yet defers that part to the plan command and the deployment job.
+    from .template_args import check_workload_options
+
+    check_workload_options(cfg, source, require_template=False)
     return cfg
 
 
@@ -78,8 +83,9 @@ def load_config(path: str | Path) -> dict:
     return check_config(cfg, str(path))
 
 
-#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search).
-DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity")
+#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search,
+#: the workloads' chat-template switches).
+DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity", "workload_options")
 
 
 def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str, str]:

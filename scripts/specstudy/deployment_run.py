@@ -27,21 +27,24 @@ from .records import Plan, read_plan
 
 
 def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, settings: dict | None = None,
-                   seed_offset: int = 0):
-    """``n`` requests cycling over ``prompts``. ``settings`` (the cell settings) may fix the output length
-    (``ignore_eos`` with ``output_tokens``: the mechanics phase) and give every request its own seed
-    (``seed_policy: per_request``: request i carries ``seed + seed_offset + i``, the same in every arm)
-    and ``top_p`` (the sampling phase)."""
+                   seed_offset: int = 0, spec: dict | None = None):
+    """``n`` requests of ``workload`` cycling through its prompts. Each carries the workload's request
+    options from ``spec`` (its chat-template kwargs: template_args.request_extra_body). ``settings`` (the
+    cell settings) may fix the output length (``ignore_eos`` with ``output_tokens``: the mechanics phase)
+    and give every request its own seed (``seed_policy: per_request``: request i carries
+    ``seed + seed_offset + i``, the same in every arm) and ``top_p`` (the sampling phase)."""
     from .loadgen import RequestSpec
+    from .template_args import request_extra_body
 
     if not prompts:
         raise ValueError(f"workload {workload}: the corpus has no prompts")
     settings = settings or {}
     fixed = int(settings["output_tokens"]) if settings.get("ignore_eos") else None
+    options = request_extra_body(spec or {}, workload)
     out = []
     for i in range(n):
         p = prompts[(offset + i) % len(prompts)]
-        extra: dict = {}
+        extra: dict = dict(options)
         if fixed is not None:
             extra["ignore_eos"] = True
         if settings.get("seed_policy") == "per_request":
@@ -104,13 +107,19 @@ def _previous_ok_record(out: Path) -> dict | None:
 
 
 def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
+    from .template_args import chat_template_kwargs
+
     arm = spec["arm"]
-    return {"phase": spec["phase"], "arm": arm["name"], "method": arm["method"],
+    keys = {"phase": spec["phase"], "arm": arm["name"], "method": arm["method"],
             "num_speculative_tokens": arm.get("num_speculative_tokens"),
             "draft_tensor_parallel_size": arm.get("draft_tensor_parallel_size"),
             "tensor_parallel_size": int(spec["engine"]["target"].get("tensor_parallel_size") or 1),
             "rep": _rep_number(spec["rep"]), "rep_label": spec["rep"], "kind": spec["kind"],
             "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "deployment_id": deployment_id}
+    kwargs = chat_template_kwargs(spec, cell["workload"])
+    if kwargs:  # a switched workload carries its switch (docs/thinking.md)
+        keys["chat_template_kwargs"] = kwargs
+    return keys
 
 
 def _corpus_ref(corpus_json: dict) -> dict:
@@ -504,8 +513,9 @@ def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
     cdir = job.attempt / _cell_rel(c)
     prompts = corpusmod.load_prompts(c["corpus_dir"])
     n_requests, n_warmup = request_counts(settings, int(c["concurrency"]))
-    reqs = _request_specs(prompts, n_requests, c["workload"], settings=settings)
-    warm = _request_specs(prompts, n_warmup, c["workload"], settings=settings, seed_offset=WARMUP_SEED_OFFSET)
+    reqs = _request_specs(prompts, n_requests, c["workload"], settings=settings, spec=job.spec)
+    warm = _request_specs(prompts, n_warmup, c["workload"], settings=settings, seed_offset=WARMUP_SEED_OFFSET,
+                          spec=job.spec)
     if not job.death.alive():
         return False
     sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
@@ -651,9 +661,12 @@ def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out:
     published result in ``out`` — an interrupted one leaves the previous attempt's files untouched."""
     from . import capacity
     from . import corpus as corpusmod
+    from .template_args import request_extra_body
 
     cap = spec["capacity"]
-    prompts = corpusmod.load_prompts(spec["capacity_corpus_dir"])
+    extra = request_extra_body(spec, cap["workload"])  # the capacity workload's switch, if it declares one
+    prompts = [dict(p, extra_body=dict(p.get("extra_body") or {}, **extra))
+               for p in corpusmod.load_prompts(spec["capacity_corpus_dir"])]
     work = attempt / "capacity"
     capacity.run_capacity(server.base_url, served, prompts, cap["gates"], cap.get("search") or {}, work,
                           server.base_url + "/metrics", deployment_record=record, arm=spec["arm"]["name"],

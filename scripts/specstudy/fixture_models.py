@@ -19,9 +19,14 @@ from pathlib import Path
 from . import atomic
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+#: The think tag that ``enable_thinking`` opens after the generation prompt (docs/thinking.md). Not a special
+#: token: the byte-level BPE encodes it as ordinary text, so the vocabulary (and the weights) stay as they were.
+THINK_OPEN = "<think>\n"
+# Rendered without ``enable_thinking`` (or with it false) byte-identical to the template before the switch
+# existed (tests/test_thinking.py renders both over the smoke corpus).
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% if enable_thinking %}" + THINK_OPEN + "{% endif %}{% endif %}"
 )
 
 # Sizes: head_dim 64 is supported by vLLM's CPU attention backend.

@@ -240,6 +240,11 @@ def _cmd_plan(args) -> int:
         return 2
     cfg = load_config(args.config)
     load_prereg(cfg)  # every plan belongs to a pre-registered study: a missing or broken one stops here
+    from .template_args import check_workload_options
+
+    # The parse of the workflow defers this while the target is not built; every plan rule runs after the
+    # models and corpora, so a chat-template switch the template does not read stops the study here.
+    check_workload_options(cfg, args.config, require_template=True)
     arms = None
     if args.selection:
         from .select import SelectionError, verify_selection

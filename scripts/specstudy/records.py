@@ -126,6 +126,7 @@ class CellKeys(msgspec.Struct):
     tensor_parallel_size: int | None = None
     kind: str | None = None  # repeat | drift | upstream
     rep_label: str | None = None  # the <rep> path component: rep<n> or drift<n>
+    chat_template_kwargs: dict | None = None  # the workload's chat-template switch (docs/thinking.md); absent: none
 
 
 class Corpus(msgspec.Struct):

@@ -109,12 +109,17 @@ def fingerprint_context(spec: dict) -> dict:
 
 def fingerprint(spec: dict, cell: dict, digest: str, context: dict | None = None) -> str:
     """The cell fingerprint: the deployment's context (arm, engine settings and software, model
-    identities, every client setting) plus the cell's workload, concurrency and corpus digest."""
+    identities, every client setting) plus the cell's workload, concurrency and corpus digest, and
+    the workload's chat-template kwargs where it declares any (``workload_options``)."""
     from ..cell import cell_fingerprint
+    from ..template_args import request_extra_body
 
     context = context if context is not None else fingerprint_context(spec)
-    return cell_fingerprint(dict(context, workload=cell["workload"], concurrency=int(cell["concurrency"]),
-                                 corpus_digest=digest))
+    data = dict(context, workload=cell["workload"], concurrency=int(cell["concurrency"]), corpus_digest=digest)
+    extra = request_extra_body(spec, cell["workload"])
+    if extra:  # a switched workload (docs/thinking.md); absent otherwise, so unswitched fingerprints stay as they were
+        data["request_extra_body"] = extra
+    return cell_fingerprint(data)
 
 
 def corpus_dirs(cfg: dict, results: str = "results") -> dict[str, str]:
@@ -143,6 +148,7 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     the dict of plan.make_plan.
     """
     from ..errors import UserError
+    from ..template_args import check_workload_options
 
     if not isinstance(plan, Plan):
         plan = to_record(plan, Plan, "<plan>")
@@ -156,8 +162,12 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
         raise UserError(f"--deployment {key!r}: arm {arm_name!r} is not in the {plan.phase} plan "
                         f"(arms: {', '.join(sorted(arms))})")
     dirs = corpus_dirs(cfg)
+    # Before any server starts: every chat-template switch is one the target's template reads (docs/thinking.md).
+    check_workload_options(cfg, "the study config (workload_options)", require_template=True)
     common = {"arm": arms[arm_name], "smoke_corpus_dir": dirs["smoke"], "engine": cfg["engine"],
               "cell_settings": cfg["cells"], "study": cfg["study"]["name"], "seed": cfg["study"]["seed"]}
+    if cfg.get("workload_options"):
+        common["workload_options"] = cfg["workload_options"]
     if phase == "capacity":
         cap = cfg.get("capacity") or {}
         return {"phase": "capacity", "rep": rep, "kind": "capacity", "block": 1, "order": 0, "cells": [],
