@@ -9,7 +9,8 @@ import pytest
 from specstudy import plan
 from specstudy.arms import ARM_PATTERN, ARM_RE, arm_from_upstream_model, arm_name, is_arm_name, parse_arm
 
-NAMES = ["baseline", "draft-k1-tp1", "draft-k3-tp4", "draft-k12-tp2", "ngram-k3", "ngram-k10"]
+NAMES = ["baseline", "draft-k1-tp1", "draft-k3-tp4", "draft-k12-tp2", "ngram-k3", "ngram-k10",
+         "ngram_gpu-k3", "suffix-k8", "eagle-k3", "eagle3-k2"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -28,7 +29,7 @@ def test_parse_gives_the_fields_of_the_method():
     assert parse_arm("ngram-k5") == {"name": "ngram-k5", "method": "ngram", "num_speculative_tokens": 5}
 
 
-@pytest.mark.parametrize("bad", ["", "draft-k3", "ngram-k", "draft-k3-tp4-x", "Baseline", "eagle-k3", "ngram-n3"])
+@pytest.mark.parametrize("bad", ["", "draft-k3", "ngram-k", "draft-k3-tp4-x", "Baseline", "medusa-k3", "ngram-n3"])
 def test_not_an_arm_name(bad):
     assert not is_arm_name(bad)
     assert re.fullmatch(ARM_PATTERN, bad) is None
@@ -38,7 +39,7 @@ def test_not_an_arm_name(bad):
 
 def test_arm_name_refuses_unknown_method():
     with pytest.raises(ValueError, match="method"):
-        arm_name({"method": "eagle", "num_speculative_tokens": 3})
+        arm_name({"method": "medusa", "num_speculative_tokens": 3})
 
 
 def test_upstream_model_names():

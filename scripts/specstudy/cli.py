@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "loadgen",
     "deployment_run",
     "deployment.cli",
+    "engine_methods",
     "telemetry",
     "gate",
     "sampling_phase",

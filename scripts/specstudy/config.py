@@ -50,13 +50,19 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             problems.append("field 'engine.draft.path': required for method draft_model; set the draft model directory")
         if not arms.get("draft_tensor_parallel_size"):
             problems.append("field 'arms.draft_tensor_parallel_size': required for method draft_model; e.g. [1, 4]")
-    if "ngram" in methods:
+    for ngm in [m for m in ("ngram", "ngram_gpu") if m in methods][:1]:
         ng = arms.get("ngram") or {}
         lo, hi = ng.get("prompt_lookup_min"), ng.get("prompt_lookup_max")
         if lo is None or hi is None:
-            problems.append("field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method ngram")
+            problems.append(f"field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method {ngm}")
         elif lo > hi:
             problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
+    if arms.get("suffix") and "suffix" not in methods:
+        problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
+    record = cfg["engine"].get("methods_record")
+    if record and not Path(record).is_file():
+        problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
+                        f"`specstudy engine probe-methods --config {source} --out {record}`")
     drift = (cfg.get("plan") or {}).get("drift_cell")
     if drift:
         if drift["workload"] not in cfg["corpora"]["workloads"]:

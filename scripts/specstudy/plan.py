@@ -1,8 +1,10 @@
 """The study plan: arms, the factorial of deployments and cells, and their counterbalanced order.
 
 Design (recorded in ``plan.json`` with its seed):
-- Arms: baseline, ``draft-k<k>-tp<t>`` for every depth × draft TP, ``ngram-k<k>`` for every depth.
-  Levels declared unservable in the config appear in the plan as skipped, with their reason.
+- Arms: baseline, ``draft-k<k>-tp<t>`` for every depth × draft TP, ``<method>-k<k>`` for every depth of
+  every other method (ngram, ngram_gpu, suffix, eagle, eagle3). Levels declared unservable in the config,
+  and methods the engine's recorded probe (``engine.methods_record``, :mod:`specstudy.engine_methods`)
+  says it refused, appear in the plan as skipped, with their reason (the engine's own message).
 - Deployments: ``repeats`` rounds; in every round each arm is deployed once (a randomized complete
   block design): the arms' order inside a round is a seeded random permutation, so no arm is
   systematically first or last. Rounds are assigned to ``blocks`` (node/date blocks, a nuisance
@@ -36,7 +38,19 @@ CORE_PHASES = ("screen", "confirm")
 PHASES = CORE_PHASES + EXTENSION_PHASES
 
 
+def _engine_refusal(cfg: dict, method: str) -> str | None:
+    path = (cfg.get("engine") or {}).get("methods_record")
+    if not path or method in ("baseline", "draft_model", "ngram"):  # the core methods are measured, not probed
+        return None
+    from .engine_methods import load_record, refusal
+
+    return refusal(load_record(path), method, path)
+
+
 def _unservable_reason(cfg: dict, spec: dict) -> str | None:
+    refused = _engine_refusal(cfg, spec["method"])
+    if refused:
+        return refused
     target_tp = cfg["engine"]["target"]["tensor_parallel_size"]
     for rule in cfg["arms"].get("unservable") or []:
         if "method" in rule and rule["method"] != spec["method"]:
@@ -61,11 +75,21 @@ def all_arms(cfg: dict) -> list[dict]:
         elif method == "draft_model":
             for k, tp in product(arms_cfg["num_speculative_tokens"], arms_cfg["draft_tensor_parallel_size"]):
                 specs.append({"method": "draft_model", "num_speculative_tokens": k, "draft_tensor_parallel_size": tp})
-        elif method == "ngram":
+        elif method in ("ngram", "ngram_gpu"):
             ng = arms_cfg["ngram"]
             for k in arms_cfg["num_speculative_tokens"]:
-                specs.append({"method": "ngram", "num_speculative_tokens": k,
+                specs.append({"method": method, "num_speculative_tokens": k,
                               "prompt_lookup_min": ng["prompt_lookup_min"], "prompt_lookup_max": ng["prompt_lookup_max"]})
+        elif method == "suffix":
+            sfx = {f"suffix_decoding_{key}": val for key, val in (arms_cfg.get("suffix") or {}).items()}
+            for k in arms_cfg["num_speculative_tokens"]:
+                specs.append({"method": "suffix", "num_speculative_tokens": k, **sfx})
+        elif method in ("eagle", "eagle3"):
+            for k in arms_cfg["num_speculative_tokens"]:
+                specs.append({"method": method, "num_speculative_tokens": k})
+        else:
+            raise ConfigError(f"config: arms.methods has {method!r}; use baseline, draft_model, ngram, ngram_gpu, "
+                              f"suffix, eagle or eagle3")
     out = []
     for spec in specs:
         spec["name"] = arm_name(spec)

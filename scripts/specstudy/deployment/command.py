@@ -55,22 +55,35 @@ def arm_name(arm: dict) -> str:
         raise ConfigError(str(exc)) from None
 
 
+#: Optional suffix-decoding settings an arm spec may carry (``arms.suffix`` in the study config).
+SUFFIX_FIELDS = {"suffix_decoding_max_tree_depth": int, "suffix_decoding_max_cached_requests": int,
+                 "suffix_decoding_max_spec_factor": float, "suffix_decoding_min_token_prob": float}
+_NEED = {"baseline": [], "draft_model": ["num_speculative_tokens", "draft_tensor_parallel_size"],
+         "ngram": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"],
+         "ngram_gpu": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"],
+         "suffix": ["num_speculative_tokens"], "eagle": ["num_speculative_tokens"], "eagle3": ["num_speculative_tokens"]}
+
+
 def validate_arm(arm: dict) -> dict:
     """Check an arm spec (DESIGN.md 'Arm spec'); raise :class:`ConfigError` naming the field and the fix."""
     if not isinstance(arm, dict):
         raise ConfigError(f"arm spec must be a mapping, got {type(arm).__name__}")
     method = arm.get("method")
-    need = {"baseline": [], "draft_model": ["num_speculative_tokens", "draft_tensor_parallel_size"],
-            "ngram": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"]}
-    if method not in need:
-        raise ConfigError(f"arm {arm.get('name')!r}: field 'method' is {method!r}; use baseline, draft_model or ngram")
-    for key in need[method]:
+    if method not in _NEED:
+        raise ConfigError(f"arm {arm.get('name')!r}: field 'method' is {method!r}; use one of {', '.join(_NEED)}")
+    for key in _NEED[method]:
         val = arm.get(key)
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' must be a positive integer (got {val!r})")
+    for key, kind in SUFFIX_FIELDS.items():
+        if key in arm and (method != "suffix" or isinstance(arm[key], bool) or not isinstance(arm[key], (int, float))
+                           or (kind is int and not isinstance(arm[key], int))):
+            raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' is for suffix arms only and must be a "
+                              f"{kind.__name__} (got {arm[key]!r})")
     name = arm.get("name")
     if name is None or not _arms.ARM_RE.match(str(name)):
-        raise ConfigError(f"arm {name!r}: field 'name' must match baseline|draft-k<N>-tp<N>|ngram-k<N>")
+        raise ConfigError(f"arm {name!r}: field 'name' must match baseline|draft-k<N>-tp<N>|<method>-k<N> "
+                          f"(<method>: {', '.join(_arms.K_METHODS)})")
     if name != arm_name(arm):
         raise ConfigError(f"arm {name!r}: field 'name' does not match its settings; expected {arm_name(arm)!r}")
     # Note: prompt_lookup_min > prompt_lookup_max is left for vLLM to reject (a failure record is data).
@@ -82,16 +95,24 @@ def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
     method = arm["method"]
     if method == "baseline":
         return None
+    k = arm["num_speculative_tokens"]
     if method == "draft_model":
         draft = engine_cfg.get("draft_model")
         if not draft:
             raise ConfigError(f"engine config: field 'draft_model' (path of the draft model) is required for arm {arm['name']!r}")
-        spec = {"method": "draft_model", "model": str(draft),
-                "num_speculative_tokens": arm["num_speculative_tokens"],
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
                 "draft_tensor_parallel_size": arm["draft_tensor_parallel_size"]}
-    else:
-        spec = {"method": "ngram", "num_speculative_tokens": arm["num_speculative_tokens"],
+    elif method in ("ngram", "ngram_gpu"):
+        spec = {"method": method, "num_speculative_tokens": k,
                 "prompt_lookup_min": arm["prompt_lookup_min"], "prompt_lookup_max": arm["prompt_lookup_max"]}
+    elif method == "suffix":
+        # k is the upper limit: suffix decoding picks the length of each draft itself (docs/methods.md).
+        spec = {"method": "suffix", "num_speculative_tokens": k, **{f: arm[f] for f in SUFFIX_FIELDS if f in arm}}
+    else:  # eagle, eagle3: the head is a model of its own, like a draft
+        head = engine_cfg.get("eagle_head")
+        spec = {"method": method, "num_speculative_tokens": k}
+        if head:  # without one vLLM refuses the config itself; that refusal is the recorded engine fact
+            spec["model"] = str(head)
     spec.update(engine_cfg.get("speculative_extra") or {})  # same for every speculative arm
     return spec
 
@@ -193,10 +214,14 @@ def recommended_speculative_config(arm_spec: dict | None, recorded: str | None =
     if spec.get("method") == "draft_model":
         cfg["model"] = draft_model or spec.get("model") or "<draft model path>"
         cfg["draft_tensor_parallel_size"] = spec.get("draft_tensor_parallel_size")
-    elif spec.get("method") == "ngram":
+    elif spec.get("method") in ("ngram", "ngram_gpu"):
         for k in ("prompt_lookup_min", "prompt_lookup_max"):
             if spec.get(k) is not None:
                 cfg[k] = spec[k]
+    elif spec.get("method") == "suffix":
+        cfg.update({k: spec[k] for k in SUFFIX_FIELDS if spec.get(k) is not None})
+    elif spec.get("method") in ("eagle", "eagle3"):
+        cfg["model"] = spec.get("model") or "<EAGLE head path>"
     return cfg
 
 

@@ -30,6 +30,7 @@ def engine_flat(engine: dict) -> dict:
         "dtype": target.get("dtype"),
         "chat_template": target.get("chat_template"),
         "draft_model": (engine.get("draft") or {}).get("path"),
+        "eagle_head": (engine.get("eagle_head") or {}).get("path"),
         "gpu_memory_utilization": server.get("gpu_memory_utilization", 0.9),
         "extra_args": list(server.get("extra_args") or []),
         "env": dict(server.get("env") or {}),
@@ -104,6 +105,9 @@ def fingerprint_context(spec: dict) -> dict:
     if arm.get("method") == "draft_model":  # the draft is loaded only by draft arms
         ctx["engine"]["draft"] = engine.get("draft")
         ctx["draft_identity"] = model_identity((engine.get("draft") or {}).get("path"))
+    if arm.get("method") in ("eagle", "eagle3"):  # the head is loaded only by EAGLE arms
+        ctx["engine"]["eagle_head"] = engine.get("eagle_head")
+        ctx["eagle_head_identity"] = model_identity((engine.get("eagle_head") or {}).get("path"))
     return ctx
 
 
