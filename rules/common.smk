@@ -134,6 +134,12 @@ def tokenizer_dir():
     return target.get("tokenizer") or target["path"]
 
 
+def methods_record_input():
+    """The engine's recorded probe of the further methods (engine.methods_record): a re-probe re-plans."""
+    record = config["engine"].get("methods_record")
+    return [record] if record else []
+
+
 def model_inputs():
     return [FIXTURE_RECORD] if FIXTURES else []
 

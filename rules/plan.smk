@@ -34,6 +34,7 @@ rule prereg_lock:
 checkpoint plan_screen:
     input:
         corpora=all_corpus_json(),
+        methods=methods_record_input(),
         lock=ancient("results/screen/prereg-lock.json"),
         config=ancient(CONFIG_FILE),
     output:
@@ -51,6 +52,7 @@ checkpoint plan_screen:
 checkpoint plan_confirm:
     input:
         corpora=all_corpus_json(),
+        methods=methods_record_input(),
         selection=ancient(verified_selection_file),
         config=ancient(CONFIG_FILE),
     output:
