@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "select",
     "decision",
     "capacity",
+    "memory",
     "upstream",
     "tables",
     "report",
