@@ -596,14 +596,18 @@ def section_markdown(summary: dict) -> str:
              "number of simultaneous requests of exactly L prompt tokens (+ "
              f"{', '.join(sorted({str(a['output_tokens']) for a in arms}))} generated, `ignore_eos`) served with every "
              "request successful, zero preemptions and all of them running at once. docs/memory.md.", "",
-             "| arm | KV tokens (log) | KV tokens (/metrics blocks × block size) | KV bytes/token | KV GiB (log stated) "
-             "| KV GiB for log tokens (computed) | KV GiB for /metrics tokens (computed) | NVML used GiB | capacity knee |",
+             "| arm | KV tokens (log) | KV tokens (/metrics blocks × block size) | KV bytes/token (per GPU) | KV GiB (log stated) "
+             "| KV GiB for log tokens (computed) | KV GiB for /metrics tokens (computed) | NVML used GiB (sweep start) | capacity knee |",
              "|---|---|---|---|---|---|---|---|---|"]
     for a in arms:
         k = a["knee"]
         knee = "no capacity search for this arm" if k is None else f"{_fmt(k['knee_rps'], 2)} rps ({k['status']})"
         nv = a["nvml"]
-        nv_s = _fmt(_gib(nv["used_bytes"]), 2) if nv["used_bytes"] is not None else f"— ({nv['reason'] or 'not sampled'})"
+        if nv["used_bytes"] is None:
+            nv_s = f"— ({nv['reason'] or 'not sampled'})"
+        else:
+            n = len(nv["gpus"] or [])
+            nv_s = _fmt(_gib(nv["used_bytes"]), 2) + (f" (sum of {n} GPUs)" if n > 1 else "")
         lines.append(f"| {a['arm']} | {_fmt(a['kv_tokens']['log'])} | {_fmt(a['kv_tokens']['metrics'])} | "
                      f"{_fmt(a['kv_bytes_per_token'])} | {_fmt(a['kv_gib']['log_stated'], 2)} | "
                      f"{_fmt(a['kv_gib']['computed_for_log_tokens'], 4)} | {_fmt(a['kv_gib']['computed_for_metrics_tokens'], 4)} | "
