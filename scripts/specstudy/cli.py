@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "select",
     "decision",
     "capacity",
+    "memory",
     "upstream",
     "tables",
     "report",
