@@ -443,12 +443,16 @@ def _memory_sweep(job: _Job) -> None:
 
     m = job.spec["memory"]
     work = job.attempt / "memory"
+    draft = job.eng.get("draft_model") if job.arm["method"] == "draft_model" else None
+    kv = memory.kv_cost(job.eng["model"], dtype=job.eng.get("dtype"), draft_dir=draft,
+                        tensor_parallel_size=int(job.eng.get("tensor_parallel_size") or 1))
     job.progress.phase("memory_sweep")
     memory.run_sweep(job.server.base_url, job.served, prompts_source=corpusmod.load_prompts(m["corpus_dir"]),
                      tokenizer_dir=job.eng["tokenizer"], context_tokens=list(m["context_tokens"]),
                      output_tokens=int(m["output_tokens"]), concurrency=list(m["concurrency"]),
                      metrics_url=job.server.base_url + "/metrics", out_dir=work, api_key=job.eng.get("api_key"),
-                     request_timeout_s=float(job.settings.get("request_timeout_s", 600)))
+                     request_timeout_s=float(job.settings.get("request_timeout_s", 600)), arm=job.arm["name"],
+                     launch_log=job.attempt / "launch.log", kv=kv)
     job.progress.end_phase()
     if not job.death.alive():
         raise RuntimeError(f"{work}: the server died during the memory sweep")

@@ -132,6 +132,7 @@ def design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
         out["sweep"] = {"context_tokens": [int(x) for x in s["context_tokens"]], "output_tokens": int(s["output_tokens"]),
                         "concurrency": sorted(int(x) for x in s["concurrency"]), "workload": workload}
         out["extra_args"] = list(s.get("extra_args") or [])
+        out["env"] = dict(s.get("env") or {})
         out.update(workloads=[], concurrency=[], repeats=1, baseline_repeats=1)
     else:  # profile
         out["profile"] = {"vllm_version": s.get("vllm_version")}

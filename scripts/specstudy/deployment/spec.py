@@ -193,10 +193,18 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
 
         spec["cell_settings"] = {**cfg["cells"], **(design.get("cell_settings") or {})}
         spec.update(deployment_extras(design, dirs))
-        if design.get("extra_args"):
+        if design.get("extra_args") or design.get("env"):
+            # phase-only server settings: flags added; env values replace the study's, null removes one
             engine = dict(cfg["engine"])
-            engine["server"] = dict(engine.get("server") or {})
-            engine["server"]["extra_args"] = list(engine["server"].get("extra_args") or []) + list(design["extra_args"])
+            server = engine["server"] = dict(engine.get("server") or {})
+            server["extra_args"] = list(server.get("extra_args") or []) + list(design.get("extra_args") or [])
+            env = dict(server.get("env") or {})
+            for key, value in (design.get("env") or {}).items():
+                if value is None:
+                    env.pop(key, None)
+                else:
+                    env[key] = str(value)
+            server["env"] = env
             spec["engine"] = engine
     return spec
 
