@@ -88,13 +88,15 @@ def test_the_deployment_spec_carries_the_phase_settings(cfg, prereg):
     assert cap["workload"] == "open_chat" and cap["corpus_dir"].startswith("results/corpora/")
     assert "memory" not in spec and "profile" not in spec
 
-    mem_cfg = copy.deepcopy(cfg)
-    mem_cfg["extensions"]["memory"]["extra_args"] = ["--num-gpu-blocks-override", "64"]
-    m = plan.make_plan(mem_cfg, "memory", ARMS, prereg)
-    spec = deployment_spec(m, "memory/baseline/rep1", mem_cfg)
+    m = plan.make_plan(cfg, "memory", ARMS, prereg)
+    spec = deployment_spec(m, "memory/baseline/rep1", cfg)
     assert spec["kind"] == "memory" and spec["cells"] == []
-    assert spec["engine"]["server"]["extra_args"][-2:] == ["--num-gpu-blocks-override", "64"]
-    assert "--num-gpu-blocks-override" not in cfg["engine"]["server"]["extra_args"]  # the study's engine untouched
+    server = spec["engine"]["server"]
+    assert server["extra_args"][-2:] == ["--kv-cache-memory-bytes", "16777216"]
+    # a null in the phase's env removes the study's variable (it would override the byte budget)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server["env"] and server["env"]["OMP_NUM_THREADS"] == "1"
+    assert "--kv-cache-memory-bytes" not in cfg["engine"]["server"]["extra_args"]  # the study's engine untouched
+    assert cfg["engine"]["server"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
     screen = deployment_spec(plan.make_plan(cfg, "screen", None, prereg), "screen/baseline/rep1", cfg)
     assert screen["cell_settings"] == cfg["cells"] and "sampled_capture" not in screen
