@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "report",
     "random_model",
     "mechanics",
+    "profiling",
     "rerun",
     "checkconfig",
 ]
