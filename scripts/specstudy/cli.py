@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "random_model",
     "mechanics",
     "ignore_eos",
+    "profiling",
     "rerun",
     "checkconfig",
     "extension_cli",

@@ -51,8 +51,11 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, 
             extra["seed"] = int(settings.get("seed") or 0) + seed_offset + i
         if settings.get("top_p") is not None:
             extra["top_p"] = float(settings["top_p"])
+        max_tokens = fixed if fixed is not None else int(p["max_tokens"])
+        if settings.get("max_tokens_cap"):  # the profile phase keeps its traces small
+            max_tokens = min(max_tokens, int(settings["max_tokens_cap"]))
         out.append(RequestSpec(prompt_id=p["prompt_id"], workload=workload, messages=p["messages"],
-                               max_tokens=fixed if fixed is not None else int(p["max_tokens"]), extra_body=extra))
+                               max_tokens=max_tokens, extra_body=extra))
     return out
 
 
@@ -501,6 +504,8 @@ def _profile_stop(job: _Job) -> None:
     job.progress.end_phase()
     trace_dir = Path(job.extension["profile_traces"])
     summary = profiling.summarize_traces(trace_dir)
+    cells = [_cell_rel(e["cell"]) for e in job.to_measure]
+    summary.update(arm=job.arm["name"], cell=", ".join(cells), deployment_id=job.deployment_id)
     path = trace_dir.parent / "summary.json"
     atomic.write_json(path, summary)
     job.extension["profile"] = str(path)

@@ -132,7 +132,7 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
         from . import profiling
 
         recs = [_artifact(d, "profile") for d in files["deployments"]]
-        summary = profiling.summarize_records([r for r in recs if r], out)
+        summary = profiling.summary([r for r in recs if r], out)
     failed = failed_deployments(files, {"sampling": "sampled_capture", "memory": "memory",
                                         "profile": "profile"}.get(phase))
     if failed:  # never silently dropped: named in the summary and at the top of the section

@@ -136,6 +136,8 @@ def design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
         out.update(workloads=[], concurrency=[], repeats=1, baseline_repeats=1)
     else:  # profile
         out["profile"] = {"vllm_version": s.get("vllm_version")}
+        if s.get("max_tokens"):
+            cells["max_tokens_cap"] = int(s["max_tokens"])
         out.update(workloads=[s["workload"]], concurrency=[int(s["concurrency"])], repeats=1, baseline_repeats=1)
     out["cell_settings"] = cells
     return out
