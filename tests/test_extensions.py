@@ -197,3 +197,28 @@ def test_a_study_without_the_phase_says_how_to_declare_it(workdir):
     proc = sm(workdir, "-n", "memory", check=False)
     assert proc.returncode != 0
     assert "declares no 'extensions.memory' section" in proc.stdout + proc.stderr
+
+
+def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path, cfg, prereg):
+    """extension_cli reads what ran from the plan and the records: a missing record, a failed deployment and
+    an ok one whose artifact is gone are each listed with why, never dropped silently."""
+    from specstudy import atomic, extension_cli
+
+    p = plan.make_plan(cfg, "profile", ARMS, prereg)
+    atomic.write_json(tmp_path / "plan" / "profile.json", p)
+
+    def record(arm, status, extension=None, failure=None):
+        atomic.write_json(tmp_path / "profile" / arm / "rep1" / "deployment.json",
+                          {"schema": "specstudy.deployment/1", "deployment_id": f"dep-{arm}", "phase": "profile",
+                           "arm": {"name": arm}, "rep": 1, "status": status, "failure": failure, "command": None,
+                           "times": {}, "extension": extension})
+
+    record("baseline", "ok", {"profile": str(tmp_path / "gone.json")})
+    record("draft-k2-tp1", "failed", None, {"stage": "readiness", "reason": "exited", "message": "boom"})
+    files = extension_cli.planned_files(tmp_path / "plan" / "profile.json", tmp_path)
+    failed = {f["arm"]: f["reason"] for f in extension_cli.failed_deployments(files, "profile")}
+    assert failed == {"baseline": "the deployment record names no profile (or the file is gone)",
+                      "draft-k2-tp1": "deployment failed at readiness: exited",
+                      "ngram-k4": f"no deployment record ({tmp_path}/profile/ngram-k4/rep1/deployment.json)"}
+    with pytest.raises(Exception, match="a plan of phase 'profile', not 'memory'"):
+        extension_cli.summarize("memory", tmp_path / "plan" / "profile.json", cfg, prereg, tmp_path, tmp_path / "out")
