@@ -572,7 +572,7 @@ def ext_summary_inputs(phase):
             out["gates"] = [sampling_gate_path(a) for a in spec_arms(p)]
         if phase in ("sampling", "ignore_eos"):  # the greedy, natural-EOS figures shown beside them
             out["natural"] = confirm_cells() + confirm_records()
-        if phase == "memory" and CAPACITY.get("enabled"):
+        if phase == "memory" and CAPACITY.get("enabled") and _ext_section("memory").get("join_capacity", True):
             out["knees"] = capacity_targets(wildcards)
         return out
 

@@ -23,18 +23,29 @@ LEASE=${SPECSTUDY_LEASE_DIR:-/tmp/specstudy-lease}
 CONFIG=${SPECSTUDY_GPU_CONFIG:-config/gpu-h200.yaml}
 MECH_CONFIG=${SPECSTUDY_MECH_CONFIG:-config/gpu-h200-mechanics.yaml}
 CORES=${SPECSTUDY_CORES:-$(nproc)}
+# What the background run asks Snakemake for (default: the whole study); e.g. "profile memory" for the
+# extension phases on their declared arms (docs/extensions.md). EXTRAS=0 skips the start-up cache
+# benchmark and the mechanics point after it.
+TARGETS=${SPECSTUDY_GPU_TARGETS:-all}
+EXTRAS=${SPECSTUDY_GPU_EXTRAS:-1}
 mkdir -p "$LEASE"
 now() { date +%s; }
 say() { echo "[lease $(date -u +%H:%M:%S)] $*" | tee -a "$LEASE/lease.log"; }
 
 background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
   local deadline=$1
-  say "study: snakemake all ($CONFIG) on $CORES cores, one deployment at a time"
+  say "study: snakemake $TARGETS ($CONFIG) on $CORES cores, one deployment at a time"
   local t0; t0=$(now)
-  snakemake all --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 --configfile "$CONFIG" \
+  # shellcheck disable=SC2086  # TARGETS is a list of targets
+  snakemake $TARGETS --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 --configfile "$CONFIG" \
     > "$LEASE/study.log" 2>&1
   echo $? > "$LEASE/study.rc"
   say "study: rc $(cat "$LEASE/study.rc") after $(( $(now) - t0 )) s"
+  if [ "$EXTRAS" = 0 ]; then
+    say "extras skipped (SPECSTUDY_GPU_EXTRAS=0)"
+    touch "$LEASE/done"
+    return
+  fi
   if (( $(now) + 300 < deadline )); then
     t0=$(now)
     say "start-up cache benchmark (compiled cold, compiled warm, eager)"

@@ -124,9 +124,10 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
 
         recs = [_artifact(d, "memory") for d in files["deployments"]]
         knees = {}
+        join = (cfg.get("capacity") or {}).get("enabled") and cfg["extensions"]["memory"].get("join_capacity", True)
         for d in files["deployments"]:
             knee = Path(results) / "capacity" / d["arm"] / "knee.json"
-            knees[d["arm"]] = str(knee) if knee.exists() else None
+            knees[d["arm"]] = str(knee) if join and knee.exists() else None
         summary = memory.summarize([r for r in recs if r], knees, out)
     else:
         from . import profiling
