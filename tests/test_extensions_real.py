@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -16,7 +18,13 @@ from specstudy import atomic, corpus, extensions, schemas  # noqa: E402
 from specstudy.deployment_run import run_deployment  # noqa: E402
 from specstudy.records import read_deployment  # noqa: E402
 from test_deployment_run import _spec, _vllm_servers  # noqa: E402
-from test_deployment_run import built as built_fixture  # noqa: E402,F401  (registers the fixture `built`)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, fixture_models):
+    root = tmp_path_factory.mktemp("corpora")
+    return {name: str(corpus.build(ROOT / "corpora" / "embedded" / f"{name}.yaml", root, fixture_models["target"]))
+            for name in ("code", "smoke")}
 
 
 def _rows(path: Path) -> list[dict]:
@@ -77,3 +85,33 @@ def test_an_ignore_eos_deployment_gives_every_request_the_fixed_length(tmp_path,
     assert [r["completion_tokens"] for r in rows] == [40] * 4
     assert all(r["request_params"] == {"ignore_eos": True} for r in rows)
     assert summary["tokens"]["completion"] == 160
+
+
+def test_a_memory_deployment_sweeps_its_own_kv_pool(tmp_path, fixture_models, built, vllm_available, monkeypatch):
+    """The memory phase's deployment: the phase's server settings (a 16 MiB KV budget, the study's whole-GiB
+    variable removed), then the sweep on the arm's own pool; the record names the sweep's result."""
+    from specstudy import memory
+
+    monkeypatch.chdir(tmp_path)
+    arm = {"name": "baseline", "method": "baseline"}
+    spec = _spec(fixture_models, built, arm, [])
+    spec.update(phase="memory", kind="memory")
+    server = spec["engine"]["server"]
+    server["extra_args"] = server["extra_args"] + ["--kv-cache-memory-bytes", str(16 << 20)]
+    server["env"] = {k: v for k, v in server["env"].items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    design = {"sweep": {"workload": "code", "context_tokens": [768], "output_tokens": 128, "concurrency": [1, 2, 8]}}
+    spec.update(extensions.deployment_extras(design, {"code": built["code"]}))
+    out = tmp_path / "results" / "memory" / "baseline" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    rec = read_deployment(out / "deployment.json")
+    assert rec.status == "ok", rec.failure
+    result = atomic.read_json(rec.extension.memory)
+    schemas.validate(result, "memory", rec.extension.memory)
+    kv = memory.kv_cost(fixture_models["target"], dtype="float32")
+    # 16 MiB at the fixture's float32 bytes per token: the pool the log and /metrics advertise
+    pool = result["advertised"]["metrics"]["tokens"]
+    assert pool == result["advertised"]["log"]["tokens"] and pool <= (16 << 20) // kv["pool_bytes_per_token"]
+    steps = [json.loads(x) for x in (Path(rec.extension.memory).parent / "steps.jsonl").read_text().splitlines()]
+    assert [s["concurrency"] for s in steps][:2] == [1, 2]
+    # two requests of 768 + 128 tokens fit the 2,048-token pool, eight do not: the sweep stops at 2
+    assert result["results"][0]["max_concurrency"] == 2, result["results"]

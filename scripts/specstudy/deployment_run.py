@@ -441,7 +441,6 @@ def _sampled_capture(job: _Job) -> None:
 
 def _memory_sweep(job: _Job) -> None:
     """The memory phase: the KV-cache sweep (largest concurrency without preemption per context length)."""
-    from . import corpus as corpusmod
     from . import memory
 
     m = job.spec["memory"]
@@ -450,7 +449,7 @@ def _memory_sweep(job: _Job) -> None:
     kv = memory.kv_cost(job.eng["model"], dtype=job.eng.get("dtype"), draft_dir=draft,
                         tensor_parallel_size=int(job.eng.get("tensor_parallel_size") or 1))
     job.progress.phase("memory_sweep")
-    memory.run_sweep(job.server.base_url, job.served, prompts_source=corpusmod.load_prompts(m["corpus_dir"]),
+    memory.run_sweep(job.server.base_url, job.served, prompts_source=Path(m["corpus_dir"]) / "prompts.jsonl",
                      tokenizer_dir=job.eng["tokenizer"], context_tokens=list(m["context_tokens"]),
                      output_tokens=int(m["output_tokens"]), concurrency=list(m["concurrency"]),
                      metrics_url=job.server.base_url + "/metrics", out_dir=work, api_key=job.eng.get("api_key"),
