@@ -10,13 +10,19 @@ PYTEST_ARGS ?=
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
-.PHONY: install install-harness gpu-stage study screen confirm capacity report sampling mechanics memory profile rerun test test-fast lint bench bench-decision confirm-again clean-results cost
+.PHONY: install install-harness install-suffix gpu-stage study screen confirm capacity report sampling mechanics memory profile rerun test test-fast lint bench bench-decision confirm-again clean-results cost
 
 install:
 	envs/install.sh embedded
 
 install-harness:
 	envs/install.sh harness
+
+# Opt-in: arctic-inference 0.1.1 (suffix decoding) for the embedded engine, built into $(SUFFIX_DIR)/site,
+# never into the venv; prints the engine.server.env.PYTHONPATH to set (docs/methods.md). cmake + g++ needed.
+SUFFIX_DIR ?= build/arctic-inference-0.1.1
+install-suffix: install
+	$(BIN)/specstudy engine build-suffix --dest $(SUFFIX_DIR)
 
 # Wheels for the offline GPU machine -> .stage/p1 ... (docs/gpu.md, "Offline install"). Needs no venv.
 gpu-stage:

@@ -28,6 +28,12 @@ def _source_key() -> str:
 
 
 @pytest.fixture(scope="session")
+def test_cache() -> Path:
+    """Where built test prerequisites are kept across runs (``SPECSTUDY_TEST_CACHE``, default tests/.cache)."""
+    return CACHE
+
+
+@pytest.fixture(scope="session")
 def fixture_models() -> dict:
     """Quick-trained tiny target + draft (shared tokenizer), cached across test runs by source hash."""
     from specstudy import fixture_models as fm

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import arms, atomic, corpus, engine_methods, plan, prom
+from specstudy import arctic_build, arms, atomic, corpus, engine_methods, plan, prom
 from specstudy.config import ConfigError, load_config
 from specstudy.deployment.command import build_command, speculative_config, validate_arm
 from specstudy.deployment.spec import engine_flat
@@ -174,15 +174,20 @@ def _engine(fixture_models, env=None):
 
 
 @pytest.fixture(scope="module")
-def arctic_env() -> dict:
-    """The server's environment that makes arctic-inference 0.1.1 importable (docs/methods.md: building it)."""
+def arctic_env(test_cache) -> dict:
+    """The server's environment that makes arctic-inference 0.1.1 importable: the venv's own copy, else
+    ``SPECSTUDY_ARCTIC_SITE`` (a ``--target`` directory), else a build cached in the test cache
+    (``specstudy.arctic_build``; minutes the first time). Never a skip: a failed build fails the test, saying why."""
     if importlib.util.find_spec("arctic_inference") is not None:
         return {}
     site = os.environ.get("SPECSTUDY_ARCTIC_SITE")
-    if site and (Path(site) / "arctic_inference" / "suffix_decoding").is_dir():
+    if site:
+        problem = arctic_build.check_site(site)
+        if problem:
+            raise UserError(f"SPECSTUDY_ARCTIC_SITE={site}: {problem}; unset it to build arctic-inference into the "
+                            "test cache, or point it at `specstudy engine build-suffix`'s <dest>/site")
         return {"PYTHONPATH": site}
-    pytest.skip("arctic-inference 0.1.1 is not installed for the server: build it (docs/methods.md) and set "
-                "SPECSTUDY_ARCTIC_SITE to its --target directory")
+    return {"PYTHONPATH": str(arctic_build.ensure_arctic(arctic_build.cache_dest(test_cache)))}
 
 
 @pytest.mark.vllm

@@ -183,3 +183,10 @@ def register(sub) -> None:
     q.add_argument("--work-dir", help="keep the probes' launch logs here (default: a temporary directory)")
     q.add_argument("--timeout-s", type=float, default=600, help="readiness timeout per probe")
     q.set_defaults(func=_cmd_probe)
+    from .arctic_build import DEFAULT_DEST, cmd_build  # standard library only: --help stays fast
+
+    b = esub.add_parser("build-suffix", help="build arctic-inference 0.1.1 (suffix decoding) into a directory of its "
+                        "own and print the engine.server.env.PYTHONPATH that serves it (docs/methods.md)")
+    b.add_argument("--dest", default=str(DEFAULT_DEST),
+                   help="build directory; the package lands in <dest>/site (default: %(default)s)")
+    b.set_defaults(func=cmd_build)
