@@ -76,7 +76,7 @@ def test_bad_arms_and_engine_config_are_rejected_with_field_names():
         command.validate_arm({"name": "ngram-k0", "method": "ngram", "num_speculative_tokens": 0,
                              "prompt_lookup_min": 1, "prompt_lookup_max": 2})
     with pytest.raises(config.ConfigError, match="'method'"):
-        command.validate_arm({"name": "eagle-k3", "method": "eagle"})
+        command.validate_arm({"name": "medusa-k3", "method": "medusa"})
     with pytest.raises(config.ConfigError, match="extra_args.*--speculative-config"):
         command.build_command({**ENGINE, "extra_args": ["--speculative-config", "{}"]}, BASELINE, port=1,
                              served_model_name="m")

@@ -60,7 +60,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
     if arms.get("suffix") and "suffix" not in methods:
         problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
     record = cfg["engine"].get("methods_record")
-    if record and not Path(record).is_file():
+    if record and not methods_record_path(cfg).is_file():
         problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
                         f"`specstudy engine probe-methods --config {source} --out {record}`")
     drift = (cfg.get("plan") or {}).get("drift_cell")
@@ -107,6 +107,16 @@ def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str
         text = json.dumps(data, sort_keys=True, indent=1)
         out[f"{root}/{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"] = text
     return out
+
+
+def methods_record_path(cfg: dict) -> Path | None:
+    """``engine.methods_record``: relative to the working directory, else to the repository (as the
+    pre-registration: a study run from another directory still finds the shipped record)."""
+    record = (cfg.get("engine") or {}).get("methods_record")
+    if not record:
+        return None
+    p = Path(record)
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
 
 
 def prereg_path(cfg: dict) -> Path:

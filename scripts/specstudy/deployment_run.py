@@ -672,7 +672,7 @@ def _run_capacity(spec: dict, server, served: str, eng: dict, record: dict, out:
     from .template_args import request_extra_body
 
     cap = spec["capacity"]
-    extra = request_extra_body(spec, cap["workload"])  # the capacity workload's switch, if it declares one
+    extra = request_extra_body(spec, cap["workload"]) if cap.get("workload") else {}  # the capacity workload's switch, if it declares one
     prompts = [dict(p, extra_body=dict(p.get("extra_body") or {}, **extra))
                for p in corpusmod.load_prompts(spec["capacity_corpus_dir"])]
     work = attempt / "capacity"

@@ -39,12 +39,14 @@ PHASES = CORE_PHASES + EXTENSION_PHASES
 
 
 def _engine_refusal(cfg: dict, method: str) -> str | None:
-    path = (cfg.get("engine") or {}).get("methods_record")
-    if not path or method in ("baseline", "draft_model", "ngram"):  # the core methods are measured, not probed
+    from .config import methods_record_path
+
+    path = methods_record_path(cfg)
+    if path is None or method in ("baseline", "draft_model", "ngram"):  # the core methods are measured, not probed
         return None
     from .engine_methods import load_record, refusal
 
-    return refusal(load_record(path), method, path)
+    return refusal(load_record(path), method, cfg["engine"]["methods_record"])
 
 
 def _unservable_reason(cfg: dict, spec: dict) -> str | None:
