@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TextIO
 
 # Phases of a deployment, in the order they happen. ``warmup``/``measure``/``drain`` repeat per cell.
-PHASES = ("launch", "smoke", "warmup", "measure", "drain", "capacity", "stop")
+PHASES = ("launch", "smoke", "sampled_capture", "warmup", "measure", "drain", "capacity", "memory_sweep", "profile", "stop")
 
 
 def _iso(ts: float) -> str:
