@@ -54,8 +54,8 @@ localrules:
     memory,
     profile,
     plan_extension,
-    sampling_gate,
     extension_summary,
+    sampling_summary,
 
 
 rule all:

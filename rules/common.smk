@@ -549,27 +549,11 @@ def ext_cells(phase):
     return _cells_of(ext_plan(phase))
 
 
-def sampling_gate_path(arm):
-    return f"results/sampling/gates/{arm}.json"
-
-
-def sampling_gate_inputs(wildcards):
-    p = ext_plan("sampling")
-    base = [record_path("sampling", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == "baseline"]
-    cand = [record_path("sampling", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == wildcards.arm]
-    if not cand:
-        raise WorkflowError(f"{sampling_gate_path(wildcards.arm)}: arm {wildcards.arm} has no deployment in the sampling "
-                            f"plan (arms: {spec_arms(p)})")
-    return {"baseline": base, "candidate": cand}
-
-
 def ext_summary_inputs(phase):
     def inputs(wildcards):
         p = ext_plan(phase)
         out = {"plan": f"results/plan/{phase}.json", "records": _records_of(p), "cells": _cells_of(p),
                "config": ancient(CONFIG_FILE)}
-        if phase == "sampling":
-            out["gates"] = [sampling_gate_path(a) for a in spec_arms(p)]
         if phase in ("sampling", "ignore_eos"):  # the greedy, natural-EOS figures shown beside them
             out["natural"] = confirm_cells() + confirm_records()
         if phase == "memory" and CAPACITY.get("enabled") and _ext_section("memory").get("join_capacity", True):
@@ -584,11 +568,10 @@ def ext_section(phase):
 
 
 def ext_targets(phase):
-    """A phase's target: its deployments, cells (and sampling judges) and its summary section."""
+    """A phase's target: its deployments, cells and its summary section."""
     def inputs(wildcards):
         p = ext_plan(phase)
-        gates = [sampling_gate_path(a) for a in spec_arms(p)] if phase == "sampling" else []
-        return _records_of(p) + _cells_of(p) + gates + [ext_section(phase)]
+        return _records_of(p) + _cells_of(p) + [ext_section(phase)]
 
     return inputs
 

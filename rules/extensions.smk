@@ -1,6 +1,7 @@
 # Opt-in extension phases after the greedy core (specstudy.extensions; docs/extensions.md): each phase
 # plans its deployments from the confirmation plan's arms, runs them through the same deployment job,
-# and summarises them into results/<phase>/{summary.json,section.md}. Never pooled with screen/confirm.
+# and summarises them into results/<phase>/{summary.json,section.md} (the sampling phase: also its judges,
+# results/sampling/gates/<arm>.json). Never pooled with screen/confirm.
 # Targets: sampling, mechanics (ignore_eos), memory, profile.
 
 
@@ -123,24 +124,6 @@ use rule deploy_screen as deploy_profile with:
     priority: 1
 
 
-rule sampling_gate:
-    input:
-        unpack(sampling_gate_inputs),
-    output:
-        gate="results/sampling/gates/{arm}.json",
-    log:
-        "results/logs/sampling/gates/{arm}.log",
-    benchmark:
-        "results/benchmarks/sampling/gates/{arm}.tsv"
-    params:
-        prereg=PREREG_FILE,
-    conda:
-        "../envs/specstudy.yaml"
-    shell:
-        "specstudy extension gate --baseline {input.baseline} --candidate {input.candidate} --prereg {params.prereg} "
-        "--arm {wildcards.arm} --out {output.gate} > {log} 2>&1"
-
-
 rule extension_summary:
     input:
         unpack(lambda wildcards: ext_summary_inputs(wildcards.ext)(wildcards)),
@@ -156,10 +139,33 @@ rule extension_summary:
         # named here, not from input: (which waits on the phase's plan checkpoint), so a dry run prints the command
         plan="results/plan/{ext}.json",
         config=CONFIG_FILE,
+        phase="{ext}",
+        out=lambda wildcards, output: os.path.dirname(output.section),
     wildcard_constraints:
-        ext="sampling|ignore_eos|memory|profile",
+        ext="ignore_eos|memory|profile",
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy extension summary --phase {wildcards.ext} --plan {params.plan} --config {params.config} "
-        "--prereg {params.prereg} --results results --out results/{wildcards.ext} > {log} 2>&1"
+        "specstudy extension summary --phase {params.phase} --plan {params.plan} --config {params.config} "
+        "--prereg {params.prereg} --results results --out {params.out} > {log} 2>&1"
+
+
+# The sampling phase's summary also judges every speculative arm (results/sampling/gates/<arm>.json) from
+# the deployment records' sampled captures, so the section is never built without its verdicts.
+use rule extension_summary as sampling_summary with:
+    input:
+        unpack(ext_summary_inputs("sampling")),
+    output:
+        summary="results/sampling/summary.json",
+        section="results/sampling/section.md",
+        gates=directory("results/sampling/gates"),
+    log:
+        "results/logs/sampling/summary.log",
+    benchmark:
+        "results/benchmarks/sampling/summary.tsv"
+    params:
+        prereg=PREREG_FILE,
+        plan="results/plan/sampling.json",
+        config=CONFIG_FILE,
+        phase="sampling",
+        out=lambda wildcards, output: os.path.dirname(output.section),

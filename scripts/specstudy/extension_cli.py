@@ -74,20 +74,23 @@ def _captures_of(records: list[str]) -> list[str]:
     return caps
 
 
+def judge_arm(baseline_records: list[str], candidate_records: list[str], prereg: str, arm: str, out: str | Path) -> dict:
+    """The sampling judge of one arm from deployment records (their sampled captures), written to ``out``."""
+    from . import sampling, schemas
+
+    settings = sampling.load_settings(prereg)  # a missing or bad section names the file and the field
+    base = _captures_of(baseline_records)
+    cand = _captures_of(candidate_records)
+    rec = sampling.judge(base, cand, base, settings, arm=arm, phase="sampling", settings_source=f"{prereg}: sampling")
+    schemas.validate(rec, "sampling-gate", str(out))
+    atomic.write_json(out, rec)
+    print(f"sampling gate {arm}: {rec['verdict']}" + "".join(f"\n  - {r['code']}: {r['detail']}"
+                                                             for r in rec.get("reasons", [])))
+    return rec
+
+
 def _cmd_gate(args) -> int:
-    from . import sampling
-
-    settings = sampling.load_settings(args.prereg)  # a missing or bad section names the file and the field
-    base = _captures_of(args.baseline)
-    cand = _captures_of(args.candidate)
-    rec = sampling.judge(base, cand, base, settings, arm=args.arm, phase="sampling",
-                         settings_source=f"{args.prereg}: sampling")
-    from . import schemas
-
-    schemas.validate(rec, "sampling-gate", args.out)
-    atomic.write_json(args.out, rec)
-    print(f"sampling gate {args.arm}: {rec['verdict']}" + "".join(f"\n  - {r['code']}: {r['detail']}"
-                                                                  for r in rec.get("reasons", [])))
+    judge_arm(args.baseline, args.candidate, args.prereg, args.arm, args.out)
     return 0
 
 
@@ -99,8 +102,10 @@ def _confirm_cells(results: str | Path) -> list[str]:
     return [c for d in files["deployments"] for c in d["cells"] if Path(c).exists()]
 
 
-def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, results: str | Path, out: str | Path) -> dict:
-    """Summarise one extension phase into ``out/summary.json`` and ``out/section.md``."""
+def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, results: str | Path, out: str | Path,
+              prereg_file: str | None = None) -> dict:
+    """Summarise one extension phase into ``out/summary.json`` and ``out/section.md`` (the sampling phase:
+    also its judges, ``out/gates/<arm>.json``)."""
     files = planned_files(plan_path, results)
     if files["plan"].phase != phase:
         raise UserError(f"{plan_path}: a plan of phase {files['plan'].phase!r}, not {phase!r}; pass results/plan/{phase}.json")
@@ -109,9 +114,17 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
     if phase == "sampling":
         from . import sampling_phase
 
+        # The judge of every speculative arm, here in the summary step: it reads only the planned deployments'
+        # records (their captures), and the summary is then never built without the verdicts.
         arms = sorted({d["arm"] for d in files["deployments"] if d["arm"] != "baseline"})
-        gates = [str(Path(results) / "sampling" / "gates" / f"{a}.json") for a in arms]
-        summary = sampling_phase.summarize([g for g in gates if Path(g).exists()], cells, _confirm_cells(results), out,
+        base = [d["record_path"] for d in files["deployments"] if d["arm"] == "baseline" and d["record"] is not None]
+        gates = []
+        for arm in arms:
+            cand = [d["record_path"] for d in files["deployments"] if d["arm"] == arm and d["record"] is not None]
+            gate = out / "gates" / f"{arm}.json"
+            judge_arm(base, cand, prereg_file, arm, gate)
+            gates.append(str(gate))
+        summary = sampling_phase.summarize(gates, cells, _confirm_cells(results), out,
                                            temperature=(prereg.get("sampling") or {}).get("temperature"))
     elif phase == "ignore_eos":
         from . import ignore_eos
@@ -156,7 +169,9 @@ def _cmd_summary(args) -> int:
     prereg = load_prereg(cfg)
     if args.phase not in extensions.declared(cfg):
         raise UserError(f"{args.config}: field 'extensions.{args.phase}' is missing; declare the phase to summarise it")
-    summarize(args.phase, args.plan, cfg, prereg, args.results, args.out)
+    from .config import prereg_path
+
+    summarize(args.phase, args.plan, cfg, prereg, args.results, args.out, prereg_file=str(prereg_path(cfg)))
     print(f"{args.phase}: summary -> {args.out}/summary.json, section -> {args.out}/section.md")
     return 0
 
@@ -164,7 +179,8 @@ def _cmd_summary(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("extension", help="analysis of the opt-in extension phases (docs/extensions.md)")
     esub = p.add_subparsers(dest="extension_command", required=True)
-    g = esub.add_parser("gate", help="the sampling phase's distribution judge of one arm, from deployment records")
+    g = esub.add_parser("gate", help="the sampling phase's distribution judge of one arm, from deployment records "
+                        "(the summary of the phase runs it for every arm)")
     g.add_argument("--baseline", nargs="+", required=True, help="the baseline's sampling deployment records")
     g.add_argument("--candidate", nargs="+", required=True, help="the arm's sampling deployment records")
     g.add_argument("--prereg", required=True, help="the pre-registration (its 'sampling' section)")
