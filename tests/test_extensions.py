@@ -175,10 +175,9 @@ def test_each_phase_is_an_opt_in_target_planned_from_the_confirmation_arms(workd
     assert counts["deploy_sampling"] == len(names) + 1             # + the baseline's second deployment
     assert counts["sampling_summary"] == 1                         # which also judges every speculative arm
     summary_job = out[out.index("rule sampling_summary"):].split("\n\n")[0]
-    for arm in names:  # it waits for every planned deployment of the phase
-        for rep in (("rep1", "rep2") if arm == "baseline" else ("rep1",)):
-            assert f"results/sampling/{arm}/{rep}/deployment.json" in summary_job, (arm, rep)
-    assert "results/sampling/gates" in summary_job
+    # its judges are its own output; its inputs wait for the confirmation's checkpoints here (the greedy
+    # figures it shows beside the sampled ones come from the finished confirmation)
+    assert "results/sampling/gates" in summary_job and "input: <TBD>" in summary_job
     for target, deploy in (("mechanics", "deploy_ignore_eos"), ("memory", "deploy_memory"), ("profile", "deploy_profile")):
         counts = job_counts(sm(workdir, "-n", target).stdout)
         assert counts[deploy] == len(names), (target, counts)
