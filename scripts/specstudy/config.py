@@ -164,13 +164,19 @@ def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>"
         raise ConfigError(f"{source}: invalid hypotheses:\n  - " + "\n  - ".join(problems))
 
 
-def load_prereg(cfg: dict) -> dict:
-    path = prereg_path(cfg)
-    data = _load_yaml(path)
+def read_prereg_file(path: str | Path) -> dict:
+    """A pre-registration file, parsed and checked against its schema (errors name the file and field)."""
+    data = _load_yaml(Path(path))
     try:
         schemas.validate(data, "preregistration", str(path))
     except schemas.ValidationError as exc:
         raise ConfigError(str(exc)) from None
+    return data
+
+
+def load_prereg(cfg: dict) -> dict:
+    path = prereg_path(cfg)
+    data = read_prereg_file(path)
     check_hypotheses(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
     if data.get("sampling") is not None:  # optional: the opt-in sampling phase (docs/sampling.md)
         from .sampling import SamplingInputError, validate_settings

@@ -353,15 +353,10 @@ def load_settings(prereg_path: str | os.PathLike) -> dict:
     """The ``sampling`` section of a pre-registration file (schema-checked, then :func:`validate_settings`).
 
     Errors name the file and the field; a pre-registration without the section is refused."""
-    from .config import ConfigError, _load_yaml
+    from .config import read_prereg_file
 
     path = Path(prereg_path)
-    data = _load_yaml(path)
-    try:
-        schemas.validate(data, "preregistration", str(path))
-    except schemas.ValidationError as exc:
-        raise ConfigError(str(exc)) from None
-    section = data.get("sampling")
+    section = read_prereg_file(path).get("sampling")
     if section is None:
         raise SamplingInputError(f"{path}: field 'sampling' missing; the sampling phase needs a pre-registered "
                                  "sampling section (see docs/sampling.md)")

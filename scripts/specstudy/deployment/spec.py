@@ -185,12 +185,13 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     spec = {"phase": phase, "rep": rep, "kind": dep.kind, "block": dep.block, "order": dep.order,
             "cells": [{"workload": c.workload, "concurrency": c.concurrency, "corpus_dir": dirs[c.workload]}
                       for c in dep.cells], **common}
-    design = plan.design if isinstance(plan.design, dict) else {}
-    if design.get("cell_settings") or design.get("kind") in ("memory", "profile") or design.get("capture"):
-        # An extension phase (specstudy.extensions): its plan's design overrides cell settings and names
-        # what the deployment runs besides its cells; phase-only server flags join the engine's.
-        from ..extensions import deployment_extras
+    from ..extensions import PHASES as EXTENSION_PHASES
+    from ..extensions import deployment_extras
 
+    if phase in EXTENSION_PHASES:
+        # An extension phase (specstudy.extensions): its plan's design overrides cell settings and names
+        # what the deployment runs besides its cells; phase-only server settings join the engine's.
+        design = plan.design
         spec["cell_settings"] = {**cfg["cells"], **(design.get("cell_settings") or {})}
         spec.update(deployment_extras(design, dirs))
         if design.get("extra_args") or design.get("env"):
