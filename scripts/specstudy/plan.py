@@ -217,7 +217,10 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
         "phase": phase,
         "seed": seed,
         "design": {**design, "max_repeats": cap, "workloads": workloads, "blocks": blocks, "drift_baselines_per_block": drift_n,
-                   "drift_cell": drift, "deployment_order": "randomized complete blocks (one of each arm per round)",
+                   "drift_cell": drift,
+                   "deployment_order": ("seeded random order per round; rounds beyond an arm's repeats hold only the arms "
+                                        "planned more often (the sampling baseline's second deployment)") if extension
+                   else "randomized complete blocks (one of each arm per round)",
                    "cell_order": "seeded shuffle, Latin-square rotation by repeat index"},
         "arms": [{k: v for k, v in a.items() if k not in ("servable",)} for a in chosen],
         "skipped": skipped,
