@@ -1,23 +1,33 @@
-"""Importer for the real 70B study's raw cells (``/work/shared/upstream-70b``, see its MANIFEST.md).
+"""Importer for the upstream study's raw cells (swiss-ai/apertus-speculative-decoding).
 
-An upstream cell directory (``<variant>-<slurm job>/<workload>/c<c>/repeat-<r>/``) holds
-``requests.jsonl``, ``metrics_before.prom``, ``metrics_after.prom``, ``summary.json`` and
-``metadata.json``. :func:`convert_cell` maps its request rows to this project's request-row fields
-(our definitions, see ``docs/metrics.md`` "Upstream 70B cells") and recomputes the summary with
-:func:`specstudy.cell.summarize`; the upstream summary is kept verbatim under ``upstream``.
+Layouts: 70B smoke (``/work/shared/upstream-70b``: ``<variant>-<slurm job>/<workload>/c<c>/repeat-<r>/``),
+8B confirmation (``results/8b/eagle/confirm/<deployment>/cells/<workload>/c<c>/``, one deployment per block,
+``extra.block_id`` c1..c3 = our repeat) and 8B sweeps (``<sweep>/<arm>/<workload>/<workload>/c<c>/``).
+A cell holds ``requests.jsonl``, ``metrics_before.prom``, ``metrics_after.prom``, ``summary.json`` and
+``metadata.json`` (8B: also ``metrics_timeseries.jsonl``, copied verbatim). :func:`convert_cell` maps its
+request rows to this project's request-row fields (our definitions, see ``docs/metrics.md`` "Upstream 70B
+cells") and recomputes the summary with :func:`specstudy.cell.summarize`; the upstream summary is kept
+verbatim under ``upstream``. ``docs/upstream-8b.md`` covers the 8B set.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
+import shutil
 import sys
 from pathlib import Path
 
-from specstudy import atomic, cell
-from specstudy.arms import arm_name
+from specstudy import atomic, cell, prom
+from specstudy.arms import K_METHODS, METHODS, arm_name
 
 REQUIRED_FILES = ("requests.jsonl", "metrics_before.prom", "metrics_after.prom", "summary.json", "metadata.json")
+# kept verbatim beside the converted cell when present (the 8B harness's /metrics time series)
+RAW_ARTIFACTS = ("metrics_timeseries.jsonl",)
+# metadata.extra fields naming the drafter's checkpoint, first present wins
+DRAFTER_FIELDS = ("eagle_head", "dspark_checkpoint", "draft_model", "speculative_model")
 WALL_SOURCE = (
     "upstream summary.json wall_seconds: time.perf_counter() around the whole closed-loop gather "
     "(first worker start -> last worker exit); the rows carry no per-request start/end times"
@@ -52,8 +62,38 @@ class IncompleteCell(UpstreamError):
                          f"(need {list(REQUIRED_FILES)})")
 
 
-def arm_of(variant: dict) -> tuple[str, dict]:
-    """Our arm name and arm spec for an upstream ``metadata.variant``."""
+def _spec_config(extra: dict, where: str) -> dict | None:
+    """``extra.speculative_config`` (a JSON string in the 8B cells) as a dict, None when absent."""
+    raw = extra.get("speculative_config")
+    if raw in (None, ""):
+        return None
+    if isinstance(raw, dict):
+        return raw
+    try:
+        cfg = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise UpstreamError(f"{where}: field 'extra.speculative_config' is not JSON ({exc}); expected the "
+                            "engine's --speculative-config string") from None
+    if not isinstance(cfg, dict):
+        raise UpstreamError(f"{where}: field 'extra.speculative_config' is {type(cfg).__name__}, not an object")
+    return cfg
+
+
+def _method_token(method: str) -> str:
+    tok = re.sub(r"[^a-z0-9_]+", "_", str(method).lower()).strip("_")
+    if not tok:
+        raise UpstreamError(f"metadata.json: field 'variant.method' = {method!r} has no usable name")
+    return tok
+
+
+def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json") -> tuple[str, dict]:
+    """Our arm name and arm spec for an upstream ``metadata.variant`` (and ``metadata.extra``).
+
+    ``none``/``baseline`` -> ``baseline``; ``draft_model`` -> ``draft-k<k>-tp<tp>``; every other method the
+    engine names (``ngram``, ``eagle3``, ``dspark``, ...) -> ``<method>-k<k>``, with the method's own
+    speculative settings recorded in the spec (``upstream_variant``, ``speculative_config``, the drafter's
+    checkpoint). A method without ``num_speculative_tokens`` is an error naming the field."""
+    extra = extra or {}
     method = variant.get("method")
     k = variant.get("num_speculative_tokens")
     if method in ("none", "baseline", None):
@@ -71,7 +111,25 @@ def arm_of(variant: dict) -> tuple[str, dict]:
             "num_speculative_tokens": k,
             "prompt_lookup_max": variant.get("prompt_lookup_max"),
         }
-    raise UpstreamError(f"metadata.json: field 'variant.method' = {method!r} is not one of none, draft_model, ngram")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise UpstreamError(f"{where}: field 'variant.num_speculative_tokens' = {k!r} for method {method!r}; a "
+                            "speculative arm needs its depth (a positive integer)")
+    tok = _method_token(method)
+    name = arm_name({"method": tok, "num_speculative_tokens": k}) if tok in K_METHODS else f"{tok}-k{k}"
+    spec = {
+        "name": name,
+        "method": tok,
+        "num_speculative_tokens": k,
+        "draft_tensor_parallel_size": variant.get("draft_tensor_parallel_size"),
+        # the method's own settings, as upstream recorded them
+        "upstream_variant": dict(variant),
+        "speculative_config": _spec_config(extra, where),
+        "drafter": next((extra[f] for f in DRAFTER_FIELDS if extra.get(f)), None),
+    }
+    if tok not in K_METHODS:
+        spec["note"] = (f"method {method!r} is not one of this project's arm methods ({', '.join(METHODS)}); "
+                        f"imported as arm {name!r} with its settings under upstream_variant/speculative_config")
+    return name, spec
 
 
 def map_row(up: dict) -> dict:
@@ -158,30 +216,71 @@ def load_cell(cell_dir: str | Path) -> dict:
     }
 
 
-def _deployment_id(cell_dir: Path) -> str:
-    # .../<variant>-<job>/<workload>/c<c>/repeat-<r>
-    try:
-        return cell_dir.parents[2].name
-    except IndexError:
-        return cell_dir.name
+def _deployment_id(cell_dir: Path, meta: dict) -> str:
+    """``metadata.extra.deployment_id`` (the 8B cells), else the directory of the layout:
+    70B ``<variant>-<job>/<workload>/c<c>/repeat-<r>``, 8B confirmation ``<deployment>/cells/<workload>/c<c>``,
+    8B sweep ``<sweep>/<arm>/<workload>/<workload>/c<c>`` (-> ``<sweep>/<arm>``)."""
+    dep = (meta.get("extra") or {}).get("deployment_id")
+    if dep:
+        return str(dep)
+    parts = cell_dir.parts
+    if cell_dir.name.startswith("repeat-") and len(parts) >= 4:
+        return parts[-4]
+    if len(parts) >= 4 and parts[-3] == "cells":
+        return parts[-4]
+    if len(parts) >= 5 and parts[-2] == parts[-3]:
+        return f"{parts[-5]}/{parts[-4]}"
+    return cell_dir.parent.name or cell_dir.name
 
 
-def convert_cell(cell_dir: str | Path) -> tuple[list[dict], dict, dict]:
-    """Return (our request rows, our summary, raw upstream bundle) for one upstream cell."""
+def _block_number(block, where: Path) -> int:
+    m = re.fullmatch(r"[A-Za-z_-]*0*([0-9]+)", str(block))
+    if not m or int(m[1]) < 1:
+        raise UpstreamError(f"{where}: field 'extra.block_id' = {block!r} is not a block label such as 'c1' "
+                            "(letters then a positive number)")
+    return int(m[1])
+
+
+def repeat_of(meta: dict, where: Path) -> int:
+    """The deployment repeat of a cell: ``extra.block_id`` (8B confirmation blocks c1..c3, each its own
+    deployment, every cell ``repeat`` 1), else ``cell.repeat`` (70B)."""
+    c = meta["cell"]
+    block = (meta.get("extra") or {}).get("block_id")
+    repeat = int(c.get("repeat") or 1)
+    if block is None:
+        return repeat
+    if repeat != 1:
+        raise UpstreamError(f"{where}: field 'cell.repeat' = {repeat} inside block {block!r}: a block holds one "
+                            "measurement per cell here; re-run the import per repeat into separate output roots")
+    return _block_number(block, where)
+
+
+def convert_cell(cell_dir: str | Path, phase: str = "upstream") -> tuple[list[dict], dict, dict]:
+    """Return (our request rows, our summary, raw upstream bundle) for one upstream cell; ``phase`` is the
+    phase key the summary carries (``upstream``, or ``confirm`` for a confirmation set)."""
     up = load_cell(cell_dir)
     meta = up["metadata"]
-    arm, arm_spec = arm_of(meta["variant"])
+    meta_path = Path(cell_dir) / "metadata.json"
+    arm, arm_spec = arm_of(meta["variant"], meta.get("extra"), str(meta_path))
     c = meta["cell"]
+    dec = prom.decreased_counters(up["before"], up["after"])
+    if dec:
+        shown = ", ".join(f"{d['name']} {d['before']} -> {d['after']}" for d in dec[:3])
+        raise UpstreamError(
+            f"counter decreased in {Path(cell_dir) / 'metrics_before.prom'} -> {Path(cell_dir) / 'metrics_after.prom'}: "
+            f"{len(dec)} cumulative series are lower after the window than before ({shown}). Either the two files "
+            "are swapped (metrics_before.prom must be the scrape taken before the measured requests) or the server "
+            "restarted in between; re-copy them from the upstream run or leave the cell out")
     keys = {
-        "phase": "upstream",
+        "phase": phase,
         "arm": arm,
         "method": arm_spec["method"],
         "num_speculative_tokens": arm_spec.get("num_speculative_tokens"),
         "draft_tensor_parallel_size": arm_spec.get("draft_tensor_parallel_size"),
-        "rep": int(c["repeat"]),
+        "rep": repeat_of(meta, meta_path),
         "workload": c["workload"],
         "concurrency": int(c["concurrency"]),
-        "deployment_id": _deployment_id(Path(cell_dir)),
+        "deployment_id": _deployment_id(Path(cell_dir), meta),
     }
     corpus = {
         "name": f"upstream-{Path(meta.get('workload_file', 'workload')).stem}",
@@ -228,6 +327,9 @@ def convert_cell(cell_dir: str | Path) -> tuple[list[dict], dict, dict]:
         "model": meta.get("model"),
         "variant": meta.get("variant"),
         "harness_git_revision": meta.get("harness_git_revision"),
+        "block_id": (meta.get("extra") or {}).get("block_id"),
+        "cell_repeat": c.get("repeat"),
+        "raw_artifacts": [n for n in RAW_ARTIFACTS if (Path(cell_dir) / n).is_file()],
         "definition_differences": DEFINITION_NOTES,
         # the wall time this summary uses is upstream's; the one the rows give is beside it
         "wall": {
@@ -252,17 +354,43 @@ def convert_cell(cell_dir: str | Path) -> tuple[list[dict], dict, dict]:
     return rows, summary, up
 
 
-def import_cell(cell_dir: str | Path, out_root: str | Path) -> Path:
-    """Write the converted cell to ``<out>/<arm>/rep<r>/<workload>/c<c>/`` and return that path."""
-    rows, summary, up = convert_cell(cell_dir)
+def import_cell(cell_dir: str | Path, out_root: str | Path, phase: str = "upstream") -> Path:
+    """Write the converted cell to ``<out>/<arm>/rep<r>/<workload>/c<c>/`` and return that path.
+
+    The raw artifacts (``metrics_timeseries.jsonl``) are copied verbatim beside it. A path already holding
+    a cell of another upstream deployment is an error (two blocks must never overwrite each other)."""
+    rows, summary, up = convert_cell(cell_dir, phase)
     k = summary["keys"]
     out = Path(out_root) / k["arm"] / f"rep{k['rep']}" / k["workload"] / f"c{k['concurrency']}"
+    if (out / "summary.json").is_file():
+        prev = atomic.read_json(out / "summary.json")
+        prev_dep = (prev.get("keys") or {}).get("deployment_id")
+        if prev_dep != k["deployment_id"]:
+            raise UpstreamError(
+                f"{out / 'summary.json'}: already holds deployment {prev_dep!r}, and {Path(cell_dir)} (deployment "
+                f"{k['deployment_id']!r}) maps to the same arm {k['arm']!r}, repeat {k['rep']}, workload and "
+                "concurrency. Import the two sets into separate output roots (different drafters of one method and "
+                "depth share an arm name), or remove the old cell")
     atomic.write_jsonl(out / "requests.jsonl", rows)
     atomic.write_text(out / "metrics_before.prom", up["before"])
     atomic.write_text(out / "metrics_after.prom", up["after"])
     atomic.write_json(out / "upstream_metadata.json", up["metadata"])
+    for name in summary["upstream"]["raw_artifacts"]:
+        tmp = out / f".{name}.tmp"
+        shutil.copyfile(Path(cell_dir) / name, tmp)
+        tmp.replace(out / name)
     atomic.write_json(out / "summary.json", summary)
     return out
+
+
+def validity_label(validity: dict) -> str:
+    """``valid`` for a fully valid cell; ``lat-only`` when latencies are valid but throughput/TPOT are not
+    (e.g. a request without usage); ``invalid`` otherwise."""
+    if not validity.get("valid"):
+        return "invalid"
+    if not (validity.get("throughput_valid") and validity.get("tpot_valid", True)):
+        return "lat-only"
+    return "valid"
 
 
 def _fmt(x, spec=".4g"):
@@ -278,18 +406,18 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"error: {args.source}: no upstream cell found (a cell directory contains {list(REQUIRED_FILES)})",
               file=sys.stderr)
         return 2
-    head = (f"{'arm':<14} {'workload':<10} {'c':<3} {'valid':<6} {'acc':<6} {'mal':<6} {'tok/s':>8} {'tok/s':>8} "
+    head = (f"{'arm':<14} {'rep':<3} {'workload':<10} {'c':<3} {'validity':<8} {'acc':<6} {'mal':<6} {'tok/s':>8} {'tok/s':>8} "
             f"{'ttft50':>8} {'e2e50':>8} {'e2e50':>8} {'tpot50':>7} {'tpot50':>7}")
-    sub = (f"{'':<14} {'':<10} {'':<3} {'':<6} {'':<6} {'':<6} {'up wall':>8} {'rows':>8} {'':>8} {'ours':>8} "
+    sub = (f"{'':<14} {'':<3} {'':<10} {'':<3} {'':<8} {'':<6} {'':<6} {'up wall':>8} {'rows':>8} {'':>8} {'ours':>8} "
            f"{'up':>8} {'ours':>7} {'up':>7}")
     imported, incomplete, errors = [], [], []
     for d in cells:
         try:
             if args.out:
-                out = import_cell(d, args.out)
+                out = import_cell(d, args.out, args.phase)
                 s = atomic.read_json(out / "summary.json")
             else:
-                out, s = None, convert_cell(d)[1]
+                out, s = None, convert_cell(d, args.phase)[1]
         except IncompleteCell as exc:
             incomplete.append(exc)
             continue
@@ -302,8 +430,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         imported.append(d)
         sp, w = s["speculative"], s["upstream"]["wall"]
         ud = s["upstream"]["latency_ms_upstream_definition"]
-        print(f"{s['keys']['arm']:<14} {s['keys']['workload']:<10} {s['keys']['concurrency']:<3} "
-              f"{str(s['validity']['valid']):<6} {_fmt(sp.get('acceptance_rate'), '.3f'):<6} "
+        print(f"{s['keys']['arm']:<14} {s['keys']['rep']:<3} {s['keys']['workload']:<10} {s['keys']['concurrency']:<3} "
+              f"{validity_label(s['validity']):<8} {_fmt(sp.get('acceptance_rate'), '.3f'):<6} "
               f"{_fmt(sp.get('mean_acceptance_length'), '.3f'):<6} "
               f"{_fmt(w['output_tokens_per_second_upstream_wall'], '.1f'):>8} "
               f"{_fmt(w['output_tokens_per_second_from_rows'], '.1f'):>8} {_fmt(s['latency_ms']['ttft']['p50'], '.1f'):>8} "
@@ -314,7 +442,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         print("tok/s: output tokens/s with upstream's wall (summary.json wall_seconds) | with the wall from the rows "
               "(sum of e2e / concurrency; a lower bound of the wall for c > 1).\n"
               "e2e/tpot p50 (ms): ours end at the last content event | upstream's end after the usage chunk and [DONE] "
-              "(upstream's tables use the latter).")
+              "(upstream's tables use the latter).\n"
+              "validity: valid | lat-only (latencies valid; throughput and TPOT not: validity.throughput_valid "
+              "false, e.g. a request without usage) | invalid (see the summary's validity.reasons).")
     for exc in incomplete:
         print(f"incomplete: {exc.cell_dir}: missing {', '.join(exc.missing)}", file=sys.stderr)
     for e in errors:
@@ -329,8 +459,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import-upstream",
-        help="convert the 70B study's raw cells into this project's cell format",
-        description="Convert upstream 70B cells (requests.jsonl, metrics_{before,after}.prom, summary.json, "
+        help="convert the upstream study's raw cells (70B smoke, 8B sweeps and confirmation) into this project's cell format",
+        description="Convert upstream cells (requests.jsonl, metrics_{before,after}.prom, summary.json, "
         "metadata.json) into specstudy cells; the summary is recomputed from the raw files. Complete cells are "
         "imported; incomplete ones are listed with their missing files.",
     )
@@ -338,4 +468,7 @@ def register(subparsers) -> None:
     p.add_argument("out", nargs="?", default=None,
                    help="output root; cells go to <out>/<arm>/rep<r>/<workload>/c<c>/ (omit to only report)")
     p.add_argument("--strict", action="store_true", help="exit 2 when any cell is incomplete")
+    p.add_argument("--phase", default="upstream",
+                   help="phase key of the imported summaries (default upstream; confirm to import a confirmation "
+                   "set into results/confirm)")
     p.set_defaults(func=cmd_import)
