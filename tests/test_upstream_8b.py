@@ -1,0 +1,282 @@
+"""The upstream 8B study (tests/data/upstream-8b, see its MANIFEST.md): the importer's 8B layouts and methods,
+and the project's analysis on upstream's EAGLE k = 2 confirmation beside upstream's confirm-report.json."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specstudy import atomic, schemas, upstream, upstream_confirm
+
+DATA = Path(__file__).resolve().parent / "data" / "upstream-8b"
+EAGLE = DATA / "results" / "8b" / "eagle"
+CONFIRM = EAGLE / "confirm"
+REPORT = EAGLE / "confirm-report.json"
+K2_META = CONFIRM / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1" / "metadata.json"
+DSPARK = DATA / "results" / "8b" / "sweeps" / "calibrate-20261008T224745Z" / "dspark-e10-k7" / "probe"
+# real raw cells (requests.jsonl + .prom pairs) of the 70B set, for the layout tests below
+SHARED70 = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b" / \
+    "smoke-screening-20260913-debug"
+DRAFT70 = SHARED70 / "draft-n3-tp4-3391426" / "open_chat" / "c1" / "repeat-01"
+BASE70 = SHARED70 / "baseline-3391425" / "open_chat" / "c1" / "repeat-01"
+needs70 = pytest.mark.skipif(not DRAFT70.is_dir(), reason=f"upstream 70B raw cells not available at {SHARED70} "
+                             "(the shared data belong at ../shared/upstream-70b)")
+ARMS = {"baseline": "baseline", "eagle31-k2": "eagle3-k2"}
+
+
+# ------------------------------------------------------------------------------------------- the data set
+def test_manifest_matches_files():
+    text = (DATA / "MANIFEST.md").read_text(encoding="utf-8")
+    listed = {}
+    for m in re.finditer(r"^\| `([^`]+)` \| swiss-ai/apertus-speculative-decoding \| `([0-9a-f]{40})` \| ([0-9]+) \| "
+                         r"`([0-9a-f]{64})` \| verbatim \|", text, re.M):
+        listed[m[1]] = (int(m[3]), m[4])
+    present = {str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.name != "MANIFEST.md"}
+    assert present == set(listed), (present ^ set(listed))
+    for rel, (size, sha) in listed.items():
+        raw = (DATA / rel).read_bytes()
+        assert len(raw) == size, rel
+        assert hashlib.sha256(raw).hexdigest() == sha, rel
+        json.loads(raw)
+    assert f"**Total: {len(listed)} files, {sum(s for s, _ in listed.values())} bytes.**" in text
+
+
+# ------------------------------------------------------------------------------------------- the importer
+def test_eagle3_and_dspark_map_to_arms_with_their_settings():
+    meta = atomic.read_json(K2_META)
+    name, spec = upstream.arm_of(meta["variant"], meta["extra"])
+    assert name == "eagle3-k2" and spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 2
+    assert spec["upstream_variant"]["algorithm"] == "eagle31" and spec["draft_tensor_parallel_size"] == 1
+    assert spec["drafter"] == meta["extra"]["eagle_head"] and "note" not in spec
+
+    dmeta = atomic.read_json(DSPARK / "metadata.json")
+    name, spec = upstream.arm_of(dmeta["variant"], dmeta["extra"])
+    assert name == "dspark-k7" and spec["method"] == "dspark"
+    assert spec["speculative_config"] == json.loads(dmeta["extra"]["speculative_config"])
+    assert spec["drafter"] == dmeta["extra"]["dspark_checkpoint"]
+    # not one of the project's arm methods: imported, and the spec says so
+    assert "dspark" in spec["note"] and "not one of this project's arm methods" in spec["note"]
+
+
+def test_any_engine_method_is_an_arm_and_a_method_without_depth_is_a_named_error():
+    name, spec = upstream.arm_of({"method": "Medusa", "num_speculative_tokens": 4})
+    assert name == "medusa-k4" and spec["upstream_variant"]["method"] == "Medusa" and spec["note"]
+    with pytest.raises(upstream.UpstreamError, match=r"variant.num_speculative_tokens' = None for method 'mtp'"):
+        upstream.arm_of({"method": "mtp"}, where="x/metadata.json")
+    bad = {"speculative_config": "{not json"}
+    with pytest.raises(upstream.UpstreamError, match=r"extra.speculative_config' is not JSON"):
+        upstream.arm_of({"method": "dspark", "num_speculative_tokens": 7}, bad)
+
+
+def test_block_id_is_the_deployment_repeat():
+    meta = atomic.read_json(K2_META)
+    assert meta["cell"]["repeat"] == 1 and meta["extra"]["block_id"] == "c1"
+    assert upstream.repeat_of(meta, K2_META) == 1
+    m3 = copy.deepcopy(meta)
+    m3["extra"]["block_id"] = "c3"
+    assert upstream.repeat_of(m3, K2_META) == 3
+    m3["extra"]["block_id"] = "last"
+    with pytest.raises(upstream.UpstreamError, match=r"extra.block_id' = 'last' is not a block label"):
+        upstream.repeat_of(m3, K2_META)
+    m3["extra"]["block_id"], m3["cell"]["repeat"] = "c2", 2
+    with pytest.raises(upstream.UpstreamError, match=r"cell.repeat' = 2 inside block 'c2'"):
+        upstream.repeat_of(m3, K2_META)
+    del m3["extra"]["block_id"]
+    assert upstream.repeat_of(m3, K2_META) == 2  # the 70B layout: cell.repeat
+
+
+def test_deployment_id_of_each_layout(tmp_path):
+    meta = atomic.read_json(K2_META)
+    assert upstream._deployment_id(K2_META.parent, meta) == meta["extra"]["deployment_id"]
+    bare = {"extra": {}}
+    assert upstream._deployment_id(Path("r/70b/smoke/draft-n3-tp4-3391426/open_chat/c1/repeat-01"), bare) == \
+        "draft-n3-tp4-3391426"
+    assert upstream._deployment_id(Path("r/confirm/dep-c2/cells/code/c8"), bare) == "dep-c2"
+    assert upstream._deployment_id(Path("r/sweeps/calibrate-x/dspark-e10-k7/chat/chat/c1"), bare) == \
+        "calibrate-x/dspark-e10-k7"
+
+
+def _block_cell(root: Path, block: str, meta: dict) -> Path:
+    """An 8B confirmation-layout cell: upstream 8B metadata.json (block and deployment set to ``block``) over the
+    raw rows and scrapes of a real 70B draft cell (the 8B raw files are not in the data set, MANIFEST.md)."""
+    dep = f"apertus15-8b-eagle31-k2-confirm-{block}-20260926T132526Z"
+    d = root / dep / "cells" / "code" / "c1"
+    d.mkdir(parents=True)
+    for name in ("requests.jsonl", "metrics_before.prom", "metrics_after.prom", "summary.json"):
+        shutil.copyfile(DRAFT70 / name, d / name)
+    m = copy.deepcopy(meta)
+    m["extra"].update(block_id=block, deployment_id=dep)
+    (d / "metadata.json").write_text(json.dumps(m, indent=2) + "\n")
+    # kept verbatim beside the converted cell (its content is not interpreted)
+    (d / "metrics_timeseries.jsonl").write_text(json.dumps({"t": 0.0, "block": block}) + "\n")
+    return d
+
+
+@needs70
+def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, capsys):
+    meta = atomic.read_json(K2_META)
+    src = tmp_path / "confirm"
+    for b in ("c1", "c2", "c3"):
+        _block_cell(src, b, meta)
+    out = tmp_path / "results" / "confirm"
+    assert upstream.cmd_import(_args(src, out, phase="confirm")) == 0
+    assert "3 cell(s) imported, 0 incomplete, 0 with errors" in capsys.readouterr().err
+    deps = set()
+    for rep in (1, 2, 3):
+        cell_dir = out / "eagle3-k2" / f"rep{rep}" / "code" / "c1"
+        s = atomic.read_json(cell_dir / "summary.json")
+        schemas.validate(s, "cell-summary")
+        assert s["keys"]["phase"] == "confirm" and s["keys"]["rep"] == rep and s["keys"]["method"] == "eagle3"
+        assert s["upstream"]["block_id"] == f"c{rep}" and s["upstream"]["raw_artifacts"] == ["metrics_timeseries.jsonl"]
+        src_ts = src / s["keys"]["deployment_id"] / "cells" / "code" / "c1" / "metrics_timeseries.jsonl"
+        assert (cell_dir / "metrics_timeseries.jsonl").read_bytes() == src_ts.read_bytes()
+        deps.add(s["keys"]["deployment_id"])
+    assert len(deps) == 3
+    # a second deployment of block c1 would land on rep1: refused, the first stays
+    other = tmp_path / "other"
+    d = _block_cell(other, "c1", meta)
+    m = atomic.read_json(d / "metadata.json")
+    m["extra"]["deployment_id"] = "another-deployment"
+    (d / "metadata.json").write_text(json.dumps(m))
+    with pytest.raises(upstream.UpstreamError, match=r"already holds deployment 'apertus15-8b-eagle31-k2-confirm-c1-"):
+        upstream.import_cell(d, out, "confirm")
+    # re-importing the same deployment is fine (same path, same deployment)
+    upstream.import_cell(src / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1", out,
+                         "confirm")
+
+
+def _args(source, out=None, strict=False, phase="upstream"):
+    import argparse
+
+    return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase)
+
+
+@needs70
+def test_swapped_scrapes_say_counter_decreased_in_the_files(tmp_path):
+    d = tmp_path / "cell"
+    shutil.copytree(DRAFT70, d)
+    before, after = (d / "metrics_before.prom").read_text(), (d / "metrics_after.prom").read_text()
+    (d / "metrics_before.prom").write_text(after)
+    (d / "metrics_after.prom").write_text(before)
+    with pytest.raises(upstream.UpstreamError) as exc:
+        upstream.convert_cell(d)
+    msg = str(exc.value)
+    assert msg.startswith(f"counter decreased in {d / 'metrics_before.prom'} -> {d / 'metrics_after.prom'}")
+    assert "swapped" in msg and "summary.json (converted)" not in msg
+
+
+@needs70
+def test_console_shows_throughput_validity(tmp_path, capsys):
+    d = tmp_path / "baseline-1" / "open_chat" / "c1" / "repeat-01"
+    shutil.copytree(BASE70, d)
+    rows = atomic.read_jsonl(d / "requests.jsonl")
+    rows[3]["completion_tokens"] = None  # a successful request whose usage record never arrived
+    atomic.write_jsonl(d / "requests.jsonl", rows)
+    s = upstream.convert_cell(d)[1]
+    assert s["validity"]["valid"] is True and s["validity"]["throughput_valid"] is False
+    assert upstream.cmd_import(_args(tmp_path)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("baseline"))
+    assert " lat-only " in line and " True " not in line and " valid " not in line
+    assert upstream.validity_label({"valid": True, "throughput_valid": True, "tpot_valid": True}) == "valid"
+    assert upstream.validity_label({"valid": False, "throughput_valid": False}) == "invalid"
+
+
+# ------------------------------------------------------------------------- the analysis vs upstream's report
+@pytest.fixture(scope="module")
+def analysis():
+    report = json.loads(REPORT.read_text())
+    rows = upstream_confirm.summary_rows(CONFIRM, ARMS)
+    kv = {k: v["kv_cache_tokens"] for k, v in report["deployments"].items()}
+    res = upstream_confirm.analyse(rows, kv)
+    return report, rows, res, upstream_confirm.compare_with_report(res, report, rows, {"k2": "eagle3-k2"})
+
+
+def test_the_confirmation_reads_as_three_paired_blocks(analysis):
+    _, rows, res, _ = analysis
+    assert len(rows) == 36 and {r["rep"] for r in rows} == {1, 2, 3}
+    comps = res["comparisons"]
+    assert {(c["workload"], c["concurrency"]) for c in comps} == {(w, c) for w in ("chat", "code", "summarization")
+                                                                  for c in (1, 8)}
+    for c in comps:
+        assert c["n_excluded"] == 0 and len(c["repeats"]) == 3
+        for r in c["repeats"]:  # paired within the block, as upstream paired them
+            assert f"-confirm-c{r['rep']}-" in r["arm_deployment"] and f"-confirm-c{r['rep']}-" in r["base_deployment"]
+
+
+def test_every_k2_figure_of_upstreams_report_beside_the_projects(analysis):
+    report, rows, res, table = analysis
+    per_cell = {k: v for k, v in report["per_cell"].items() if k.startswith("k2/")}
+    covered = {(t["cell"], t["figure"]) for t in table}
+    for key, figs in per_cell.items():
+        for fig in figs:
+            if fig == "blocks":
+                assert {(key, f"blocks.{b}") for b in figs["blocks"]} <= covered
+            else:
+                assert (key, fig) in covered, (key, fig)
+    for t in table:
+        if t["note"].startswith(("same definition", "rounded", "upstream's TTFT", "upstream's E2E")):
+            # the same quantity: equal up to the last bits of floating-point summation
+            assert t["rel_diff"] <= 1e-12, t
+        elif "median over blocks" in t["note"]:
+            # the project summarises the blocks by their median, upstream by the mean: recompute both
+            c = next(c for c in res["comparisons"] if f"k2/{c['workload']}/c{c['concurrency']}" == t["cell"])
+            field = "acceptance_rate" if t["figure"] == "acceptance_rate_mean" else "mean_acceptance_length"
+            vals = sorted(r[field] for r in c["repeats"])
+            assert t["project"] == vals[1]
+            assert abs(sum(vals) / 3 - t["upstream"]) <= 1e-15
+            assert t["rel_diff"] < 0.01
+        else:
+            # by_depth overall means: upstream averages the blocks arithmetically, the project takes one geomean
+            assert "arithmetic mean over blocks" in t["note"], t
+            blocks = report["by_depth"]["2"]["blocks"]
+            sub = "all" if t["figure"].endswith("_all") else t["figure"].rsplit("_", 1)[1]
+            assert abs(sum(b[sub] for b in blocks.values()) / 3 - t["upstream"]) <= 1e-15
+            assert 0 < t["rel_diff"] < 1e-5
+
+
+def test_the_issues_quoted_figures(analysis):
+    report, _, res, table = analysis
+    fig = {(t["cell"], t["figure"]): t["project"] for t in table}
+    assert round(fig[("by_depth/2", "geomean_tpot_speedup_all")], 3) == 1.400
+    assert round(fig[("by_depth/2", "geomean_tpot_speedup_c1")], 3) == 1.437
+    assert round(fig[("by_depth/2", "geomean_tpot_speedup_c8")], 3) == 1.364
+    assert round(fig[("by_depth/2", "worst_cell_speedup")], 3) == 1.147
+    assert round(fig[("k2/code/c1", "geomean")], 3) == 1.950
+    assert round(fig[("k2/code/c1", "throughput_speedup_geomean")], 3) == 1.838
+    assert round(fig[("k2/code/c1", "acceptance_per_position_mean")][0], 3) == 0.749
+    assert res["kv_loss"]["eagle3-k2"] == pytest.approx(1 - 438784 / 466144, rel=1e-15)
+    assert round(100 * res["kv_loss"]["eagle3-k2"], 1) == 5.9
+
+
+def test_the_projects_rule_on_upstreams_confirmation(analysis):
+    _, _, res, _ = analysis
+    rec = res["recommendation"]
+    # no correctness gate of the project's kind exists for these deployments: the rule does not enable
+    assert rec["decision"] == "do_not_enable"
+    assert rec["candidates"][0]["blockers"] == ["no confirm gate verdict"]
+    # on performance alone every cell shows a gain (interval above 1.05) and the decision is stable
+    cf = res["recommendation_if_gate_passed"]
+    assert cf["decision"] == "enable" and cf["enable"] == "eagle3-k2"
+    cand = cf["candidates"][0]
+    assert set(cand["status"].values()) == {"gain"}
+    assert all(j["lo"] > 1.05 for j in cand["cells"].values())
+    assert min(j["lo"] for j in cand["cells"].values()) == pytest.approx(
+        min(j["lo"] for k, j in cand["cells"].items() if k == "summarization@c8"))
+    assert cf["stability"]["agreement"] == 1.0 and cf["stability"]["rounds"] == 3
+
+
+def test_cli_prints_the_comparison(capsys, tmp_path):
+    assert upstream_confirm.main([str(CONFIRM), str(REPORT), "--arm", "eagle31-k2=eagle3-k2", "--depth",
+                                  "k2=eagle3-k2", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "decision (gates as they stand): do_not_enable" in out
+    assert "decision if the correctness gate passed: enable eagle3-k2" in out
+    assert json.loads((tmp_path / "r.json").read_text())["comparison"]
+    with pytest.raises(upstream_confirm.UpstreamConfirmError, match=r"variant 'eagle31-k2' has no arm"):
+        upstream_confirm.summary_rows(CONFIRM, {"baseline": "baseline"})
