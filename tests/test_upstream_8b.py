@@ -280,3 +280,17 @@ def test_cli_prints_the_comparison(capsys, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["comparison"]
     with pytest.raises(upstream_confirm.UpstreamConfirmError, match=r"variant 'eagle31-k2' has no arm"):
         upstream_confirm.summary_rows(CONFIRM, {"baseline": "baseline"})
+
+
+def test_the_production_rule_bonferroni_looks_and_traffic_mix(capsys):
+    """The Clariden pre-registration's rule (3 looks, Bonferroni) with its traffic mix over upstream's workload
+    names (open_chat -> chat): wider intervals, the same verdicts."""
+    cfg = Path(__file__).resolve().parents[1] / "config" / "clariden-70b.yaml"
+    assert upstream_confirm.main([str(CONFIRM), str(REPORT), "--arm", "eagle31-k2=eagle3-k2", "--depth", "k2=eagle3-k2",
+                                  "--config", str(cfg), "--traffic-mix", "chat=0.6,code=0.3,summarization=0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "rule: pre-registration; min_gain 0.05, max_regression 0.02, look confidence 0.9833" in out
+    mix = re.search(r"eagle3-k2 mix@c8 +throughput speedup ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] gain", out)
+    assert mix and 1.05 < float(mix[2]) < float(mix[1]) < float(mix[3])
+    assert "decision if the correctness gate passed: enable eagle3-k2" in out
+    assert "decision (gates as they stand): do_not_enable" in out

@@ -248,18 +248,43 @@ def main(argv: list[str] | None = None) -> int:
                    "(baseline=baseline is implied)")
     p.add_argument("--depth", action="append", default=[], metavar="LABEL=ARM",
                    help="upstream report depth label -> project arm, e.g. k2=eagle3-k2")
+    p.add_argument("--config", help="study config whose decision rule applies (its pre-registration's margins and "
+                   "looks, its recommendation settings); default: the analysis defaults, one look")
+    p.add_argument("--traffic-mix", metavar="W=SHARE,...",
+                   help="traffic mix over upstream's workload names (chat, code, summarization), replacing the "
+                   "config's recommendation.traffic_mix, e.g. chat=0.6,code=0.3,summarization=0.1")
     p.add_argument("--json", help="write the whole result as JSON here")
     a = p.parse_args(argv)
+    config = None
+    if a.config:
+        from specstudy.config import load_config
+
+        config = load_config(a.config)
+    if a.traffic_mix:
+        try:
+            mix = {w: float(v) for w, v in (x.split("=", 1) for x in a.traffic_mix.split(","))}
+        except ValueError:
+            p.error(f"--traffic-mix {a.traffic_mix!r}: expected W=SHARE pairs separated by commas")
+        config = dict(config or {})
+        config["recommendation"] = {**(config.get("recommendation") or {}), "traffic_mix": mix}
     arms = {"baseline": "baseline", **dict(x.split("=", 1) for x in a.arm)}
     report = json.loads(Path(a.report).read_text(encoding="utf-8"))
     rows = summary_rows(a.confirm_root, arms)
     kv = {k: v.get("kv_cache_tokens") for k, v in (report.get("deployments") or {}).items()}
-    res = analyse(rows, kv)
+    res = analyse(rows, kv, config)
     table = compare_with_report(res, report, rows, dict(x.split("=", 1) for x in a.depth))
     for t in table:
         print(f"{t['cell']:<22} {t['figure']:<28} upstream {_fmt(t['upstream']):>12} project {_fmt(t['project']):>12} "
               f"rel {_fmt(t.get('rel_diff')):>10}  {t['note']}")
     rec, cf = res["recommendation"], res["recommendation_if_gate_passed"]
+    print(f"rule: {res['recommendation']['rule']['source']}; min_gain {res['recommendation']['rule']['min_gain']}, "
+          f"max_regression {res['recommendation']['rule']['max_regression']}, look confidence "
+          f"{res['recommendation']['rule']['look_confidence']:.4f}; traffic mix "
+          f"{(config or {}).get('recommendation', {}).get('traffic_mix') or 'equal'}")
+    for c in res["recommendation_if_gate_passed"]["candidates"]:
+        for k, j in {**c["cells"], **c.get("mixture", {})}.items():
+            print(f"  {c['arm']} {k:<18} throughput speedup {_fmt(j['geomean'])} [{_fmt(j['lo'])}, {_fmt(j['hi'])}] "
+                  f"{j['verdict']}")
     print(f"decision (gates as they stand): {rec['decision']} {rec['enable'] or ''}")
     for c in rec["candidates"]:
         print(f"  {c['arm']}: blockers: {'; '.join(c['blockers']) or 'none'}")
