@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, schemas, upstream, upstream_confirm
+from specstudy import atomic, prom, schemas, upstream, upstream_confirm
 
 DATA = Path(__file__).resolve().parent / "data" / "upstream-8b"
 EAGLE = DATA / "results" / "8b" / "eagle"
@@ -43,7 +43,12 @@ def test_manifest_matches_files():
         raw = (DATA / rel).read_bytes()
         assert len(raw) == size, rel
         assert hashlib.sha256(raw).hexdigest() == sha, rel
-        json.loads(raw)
+        if rel.endswith(".json"):
+            json.loads(raw)
+        elif rel.endswith(".jsonl"):
+            assert all(json.loads(line) for line in raw.decode().splitlines())
+        else:
+            assert rel.endswith(".prom") and prom.parse(raw.decode()).index, rel
     assert f"**Total: {len(listed)} files, {sum(s for s, _ in listed.values())} bytes.**" in text
 
 
@@ -89,6 +94,42 @@ def test_block_id_is_the_deployment_repeat():
         upstream.repeat_of(m3, K2_META)
     del m3["extra"]["block_id"]
     assert upstream.repeat_of(m3, K2_META) == 2  # the 70B layout: cell.repeat
+
+
+def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
+    """The one complete real 8B cell: a DSpark k = 7 drafter, imported from the sweep layout."""
+    rows, s, up = upstream.convert_cell(DSPARK)
+    u = up["summary"]
+    schemas.validate(s, "cell-summary", "converted")
+    assert s["keys"]["arm"] == "dspark-k7" and s["keys"]["method"] == "dspark" and s["keys"]["concurrency"] == 8
+    assert s["keys"]["deployment_id"] == "calibrate-3619818-dspark-e10-k7"
+    assert s["validity"]["valid"] is True and s["validity"]["throughput_valid"] is True
+    assert s["requests"]["attempted"] == u["requests"]["attempted"] == 64
+    assert s["tokens"]["completion"] == u["tokens"]["completion"] == 18457
+    assert s["tokens"]["output_tokens_per_second"] == u["tokens"]["output_tokens_per_second"]
+    sp, us = s["speculative"], u["speculative_decoding"]
+    for k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length"):
+        assert sp[k] == us[k], k
+    assert sp["per_position"] == us["acceptance_rate_per_position"] and len(sp["per_position"]) == 7
+    for metric in ("ttft", "stream_event_gap"):
+        for k in ("count", "mean", "p50", "p95", "p99"):
+            assert s["latency_ms"][metric][k] == pytest.approx(u["latency_ms"][metric][k], rel=1e-12)
+    ud = s["upstream"]["latency_ms_upstream_definition"]
+    for metric in ("e2e", "tpot"):
+        for k in ("count", "mean", "p50", "p95", "p99"):
+            assert ud[metric][k] == pytest.approx(u["latency_ms"][metric][k], rel=1e-12)
+    sd = s["server_deltas"]
+    assert sd["generation_tokens"] == 18457 and sd["requests_finished"] == 64 and sd["generation_tokens_minus_client"] == 0
+    # ours ends at the last content event, upstream's after the usage chunk: ours is never longer
+    assert all(r["e2e_ms"] <= r["upstream"]["e2e_ms"] for r in rows)
+    assert s["latency_ms"]["tpot"]["p50"] < u["latency_ms"]["tpot"]["p50"]
+    # the sweep layout through the CLI: <out>/<arm>/rep1/<workload>/c<c>
+    sweep = DATA / "results" / "8b" / "sweeps"
+    assert upstream.cmd_import(_args(sweep, tmp_path / "out")) == 0
+    out = tmp_path / "out" / "dspark-k7" / "rep1" / "probe" / "c8"
+    assert atomic.read_json(out / "summary.json")["upstream"]["variant"]["method"] == "dspark"
+    assert (out / "metrics_after.prom").read_bytes() == (DSPARK / "metrics_after.prom").read_bytes()
+    assert " valid " in next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dspark-k7"))
 
 
 def test_deployment_id_of_each_layout(tmp_path):
