@@ -313,7 +313,8 @@ def plot_drift(dr: dict, path: Path) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------
-CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens")
+CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens",
+                 "model_runner")
 
 
 def _confounds_by_arm(deps: list[dict]) -> dict[tuple[str, str], dict]:
@@ -430,6 +431,9 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _corpus_section(B, results)
     heldout = _heldout_section(B, results, cells)
     _validity_section(B, cells, deps, comps)
+    from specstudy import jit
+
+    jit.report_section(B, cells)
     _gpu_section(B, cells, deps)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
@@ -785,7 +789,7 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     B.append(("h", 3, "Confounds of each arm side by side"))
     rows = [[ph, arm] + [_fmt_set(v[k]) for k in CONFOUND_COLS] for (ph, arm), v in sorted(conf.items())]
     B.append(("table", ["phase", "arm", "async scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens",
-                        "KV cache tokens"], rows))
+                        "KV cache tokens", "model runner"], rows))
     pairs = []
     for (ph, arm), v in sorted(conf.items()):
         b = conf.get((ph, "baseline"))
@@ -922,8 +926,8 @@ def _validity_section(B, cells, deps, comps):
                 e["invalid_reasons"]] for e in ex]))
     noted = [c for c in cells if c.get("validity_notes")]
     if noted:
-        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part (the cell's "
-                       "validity is unchanged; the note says what was not checked)."))
+        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part, or a flagged confound "
+                       "(`jit_in_window`, below); the cell's validity is unchanged and the note says what it found."))
         B.append(("table", ["phase", "arm", "rep", "workload", "c", "note", "detail"],
                   [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c["validity_notes"],
                     "; ".join(n.get("detail", "") for n in json.loads(c.get("validity_note_details") or "[]"))[:300]]

@@ -324,6 +324,8 @@ def confound_fields(confounds: dict | None, cache_config: dict | None = None) ->
         "async_scheduling": async_sched,
         "max_num_batched_tokens": _num(c.get("max_num_batched_tokens")),
         "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
+        # V2 vs V1: vLLM 0.23 falls back to the V1 runner for speculative methods V2 lacks (launch log)
+        "model_runner": _str(c.get("model_runner")),
     }
 
 
