@@ -156,6 +156,8 @@ PLOT_CAPTIONS = {
     "latency": "Per-request TTFT and TPOT distributions per arm (chosen cells, all workloads and concurrencies pooled).",
     "drift": "Baseline log throughput minus its series mean over the study, per node, with the fitted drift line.",
     "capacity": "Capacity search of one arm: achieved rate and latency vs offered Poisson rate, gates and knee marked.",
+    "throughput_interactivity": "Output tokens/s per GPU against tokens/s per user (1000 / TPOT p50), one curve per "
+                                "arm over concurrency: arms compared at matched interactivity.",
 }
 
 
@@ -435,6 +437,10 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
 
     jit.report_section(B, cells)
     _gpu_section(B, cells, deps)
+    from specstudy import efficiency
+
+    energy = efficiency.energy_section(B, cells)
+    interactivity = efficiency.interactivity_section(B, cells, plots)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
     _model_section(B, model)
@@ -462,7 +468,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
-               "fixture_heldout": heldout}
+               "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
