@@ -88,6 +88,12 @@ def test_cells_table_and_report_give_joules_per_token_per_arm(tmp_path):
     assert rows[("confirm", "chat", 8, "baseline")]["ratio_to_baseline"] is None
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Energy per output token (NVML)" in md and "| confirm | draft-k3-tp4 |" in md
+    # the throughput-interactivity curves of the confirmation: one GPU per job (NVML's count)
+    pts = {(p["arm"], p["workload"], p["concurrency"]): p for p in out["interactivity"]}
+    assert {p["phase"] for p in out["interactivity"]} == {"confirm"} and len(pts) == 2 * 3 * 2
+    assert pts[("baseline", "chat", 8)]["gpus"] == 1 and pts[("baseline", "chat", 8)]["gpu_source"] == "nvml"
+    assert (tmp_path / "report" / "plots" / "throughput_interactivity.png").exists()
+    assert "](plots/throughput_interactivity.png)" in md
 
 
 def test_cpu_run_says_energy_is_absent_not_zero(tmp_path):
@@ -112,6 +118,11 @@ def test_interactivity_points_and_plot(tmp_path):
                               "tpot_p50_ms": tpot * c / scale})
     cells.append(dict(cells[0], throughput_valid=False, output_tokens_per_second=1e9))  # excluded
     cells.append(dict(cells[0], kind="drift", output_tokens_per_second=1e9))  # a drift baseline: not a point
+    # the GPU count from the cell's deployment when neither NVML nor the cell's keys name it
+    dep = [{"deployment_id": "d-4", "tensor_parallel_size": 4}]
+    only = efficiency.interactivity_points([dict(cells[0], tensor_parallel_size=None, deployment_id="d-4")], dep)
+    assert only[0]["gpus"] == 4 and only[0]["tok_s_per_gpu"] == 25.0
+    assert efficiency.interactivity_points([dict(cells[0], tensor_parallel_size=None)]) == []
     pts = {(p["arm"], p["concurrency"]): p for p in efficiency.interactivity_points(cells)}
     b1, n8 = pts[("baseline", 1)], pts[("ngram-k3", 8)]
     assert b1["tok_s_per_gpu"] == 50.0 and b1["tok_s_per_user"] == 200.0 and b1["n"] == 3 and b1["gpus"] == 2

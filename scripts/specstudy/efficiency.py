@@ -92,25 +92,26 @@ def _fmt(v: Any, fmt: str) -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def _gpus(c: dict) -> int | None:
-    for k in ("gpu_count", "tensor_parallel_size"):
-        v = c.get(k)
+def _gpus(c: dict, tp_of: dict | None = None) -> int | None:
+    """GPUs of the cell's job: NVML's count, else the target's TP (the cell's keys, else its deployment's)."""
+    for v in (c.get("gpu_count"), c.get("tensor_parallel_size"), (tp_of or {}).get(c.get("deployment_id"))):
         if v is not None and v == v and int(v) >= 1:  # not NaN
             return int(v)
     return None
 
 
-def interactivity_points(cells: list[dict]) -> list[dict]:
+def interactivity_points(cells: list[dict], deployments: list[dict] | None = None) -> list[dict]:
     """Per phase × workload × arm × concurrency: median output tok/s per GPU and tok/s per user over repeats."""
+    tp_of = {d.get("deployment_id"): d.get("tensor_parallel_size") for d in deployments or []}
     out = []
     for (phase, workload, conc, arm), cs in sorted(_group(cells).items()):
         per_gpu = [c["output_tokens_per_second"] / g for c in cs
-                   if c.get("output_tokens_per_second") is not None and (g := _gpus(c))]
+                   if c.get("output_tokens_per_second") is not None and (g := _gpus(c, tp_of))]
         per_user = [1000.0 / c["tpot_p50_ms"] for c in cs if c.get("tpot_p50_ms")]
         if not per_gpu or not per_user:
             continue
         out.append({"phase": phase, "workload": workload, "arm": arm, "concurrency": conc, "n": len(cs),
-                    "gpus": _gpus(cs[0]), "gpu_source": "nvml" if cs[0].get("gpu_count") else "tensor_parallel_size",
+                    "gpus": _gpus(cs[0], tp_of), "gpu_source": "nvml" if cs[0].get("gpu_count") else "tensor_parallel_size",
                     "tok_s_per_gpu": _median(per_gpu), "tok_s_per_user": _median(per_user)})
     return out
 
@@ -140,13 +141,13 @@ def plot_throughput_interactivity(points: list[dict], path: Path) -> bool:
     return True
 
 
-def interactivity_section(B: list, cells: list[dict], plots: Path) -> list[dict]:
+def interactivity_section(B: list, cells: list[dict], plots: Path, deployments: list[dict] | None = None) -> list[dict]:
     """The report's "Throughput against interactivity" section: the plot and its points."""
     from .report import plot_caption
 
     B.append(("h", 2, "Throughput against interactivity"))
     phase = next((ph for ph in PHASES if any(_usable(c) and c["phase"] == ph for c in cells)), None)
-    points = [p for p in interactivity_points(cells) if p["phase"] == phase]
+    points = [p for p in interactivity_points(cells, deployments) if p["phase"] == phase]
     name = "throughput_interactivity.png"
     caption = plot_caption("throughput_interactivity", f"{phase} phase" if phase else "")
     if not plot_throughput_interactivity(points, plots / name):

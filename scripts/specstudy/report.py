@@ -440,10 +440,13 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     from specstudy import efficiency
 
     energy = efficiency.energy_section(B, cells)
-    interactivity = efficiency.interactivity_section(B, cells, plots)
+    interactivity = efficiency.interactivity_section(B, cells, plots, deps)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
     _model_section(B, model)
+    from specstudy import costmodel
+
+    cost = costmodel.report_section(B, cells, deps, results, comps)
     B.append(("h", 2, "Hypotheses"))
     if declared is None:
         B.append(("p", "No pre-registration was given: no hypothesis is evaluated (hypotheses are declared in the "
@@ -468,7 +471,8 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
-               "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity}
+               "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity,
+               "cost_model": cost}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
