@@ -138,3 +138,16 @@ def test_interactivity_points_and_plot(tmp_path):
     B2: list = []
     assert efficiency.interactivity_section(B2, [], tmp_path / "none") == []
     assert "no data" in B2[-1][1]
+
+
+@pytest.mark.gpu
+def test_real_nvml_energy_counter(tmp_path):
+    """Needs an NVIDIA GPU (skipped with the reason otherwise): every GPU has the counter; it never runs backwards."""
+    gpus = telemetry.NvmlGpus()
+    assert gpus.available, gpus.error
+    errors: dict = {}
+    first, second = gpus.sample(errors), gpus.sample(errors)
+    gpus.close()
+    assert not any("energy" in k for k in errors), errors
+    for i in gpus.handles:
+        assert second[f"gpu{i}.energy_j"] >= first[f"gpu{i}.energy_j"] > 0
