@@ -187,3 +187,22 @@ def test_report_lists_the_marked_cells_with_their_consequence():
     assert [r[5] for r in table[2]] == ["flag", "reject"] and "6 Triton JIT" in table[2][0][6]
     B2: list = []
     assert jit.report_section(B2, [cells[2]]) == [] and "No cell's window" in B2[-1][1]
+
+
+def test_deployment_job_says_when_the_log_clock_cannot_be_aligned(tmp_path):
+    from specstudy import deployment_run
+
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    # launched and ready hours away from every stamp of the log: no alignment puts its first line in between
+    (attempt / "launch.log").write_bytes(b"# specstudy launch 2026-12-02T11:15:20+00:00: vllm serve /tmp/scale/target\n"
+                                         + (SCALE / "serve_draft-k3.log").read_bytes())
+    path = attempt / "summary.json"
+    s = _windowed("2026-12-02T03:17:14+00:00", "2026-12-02T03:17:30+00:00")
+    path.write_text(json.dumps(s))
+    before = copy.deepcopy(s)
+    logged: list[str] = []
+    job = SimpleNamespace(attempt=attempt, times={"ready": "2026-12-02T11:17:13+00:00"}, lock={}, log=logged.append)
+    deployment_run._mark_jit(job, s, path)
+    assert s == before and json.loads(path.read_text()) == before
+    assert len(logged) == 1 and "could not be checked" in logged[0] and "unaligned" in logged[0]

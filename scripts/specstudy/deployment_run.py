@@ -576,6 +576,8 @@ def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
         traceback.print_exc()
         job.log("cell: the JIT-in-window check failed (traceback above); the cell is left as measured")
         return
+    if not found["checked"] and jit.jit_events(log_text):
+        job.log(f"cell: the launch log holds JIT compilations but the window could not be checked: {found['why']}")
     if found["events"]:
         job.log(f"cell: {len(found['events'])} JIT compilation(s) inside the window: "
                 f"{', '.join(e['kernel'] for e in found['events'])}")
