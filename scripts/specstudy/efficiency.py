@@ -82,7 +82,7 @@ def energy_section(B: list, cells: list[dict]) -> list[dict]:
     for r in rows:
         per_arm.setdefault((r["phase"], r["arm"]), []).append(r["j_per_token"])
     B.append(("p", "Per arm (median over its workload × concurrency cells above, and the range):"))
-    B.append(("table", ["phase", "arm", "cells", "J/token (median)", "min", "max"],
+    B.append(("table", ["phase", "arm", "workload × c", "J/token (median)", "min", "max"],
               [[ph, arm, len(v), f"{_median(v):.4f}", f"{min(v):.4f}", f"{max(v):.4f}"]
                for (ph, arm), v in sorted(per_arm.items())]))
     return rows
