@@ -33,6 +33,7 @@ REASON_EFFECT = {
     "deployment_failed": "reject",
     "corpus_mismatch": "reject",
     "cell_error": "reject",
+    "jit_in_window": "reject",  # only under the pre-registered consequence ``reject`` (specstudy.jit)
     "missing_usage": "throughput",
     "foreign_traffic": "throughput",
 }
@@ -97,7 +98,7 @@ def _reason(code: str, detail: str) -> dict:
 
 
 # Disclosed limits of a check that could only be made in part; they change no validity flag.
-NOTE_CODES = ("foreign_traffic_partial", "foreign_traffic_unchecked")
+NOTE_CODES = ("foreign_traffic_partial", "foreign_traffic_unchecked", "jit_in_window")
 
 
 def _note(code: str, detail: str) -> dict:

@@ -551,10 +551,38 @@ def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
     if not job.death.alive():  # the server died during this cell: its numbers are not a measurement
         _write_failed_cell(job, entry, "deployment_failed", _died_message(job.death, job.deployment_id, cdir))
         return False
+    _mark_jit(job, summary, cdir / "summary.json")
     v = summary.get("validity") or {}
     job.log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
     _publish_cell(job, entry, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
     return True
+
+
+def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
+    """A Triton JIT compilation the arm's own launch log shows inside this cell's window marks the cell with
+    the pre-registered consequence (specstudy.jit: ``flag`` a note, ``reject`` a rejecting reason)."""
+    from . import cell as cellmod
+    from . import jit
+
+    log_path = job.attempt / "launch.log"
+    if not log_path.exists():
+        return
+    consequence = jit.consequence_of(job.lock.get("content"))
+    try:
+        log_text = jit.read_log(log_path)
+        clock = launchlog.startup_phases(log_text, ready=job.times.get("ready"))["log_clock"]
+        found = jit.apply(summary, log_text, clock, consequence)
+    except Exception:  # the check must never lose a measured cell
+        traceback.print_exc()
+        job.log("cell: the JIT-in-window check failed (traceback above); the cell is left as measured")
+        return
+    if not found["checked"] and jit.jit_events(log_text):
+        job.log(f"cell: the launch log holds JIT compilations but the window could not be checked: {found['why']}")
+    if found["events"]:
+        job.log(f"cell: {len(found['events'])} JIT compilation(s) inside the window: "
+                f"{', '.join(e['kernel'] for e in found['events'])}")
+        cellmod.validate_summary(summary, path)
+        atomic.write_json(path, summary)
 
 
 def _stop(job: _Job) -> None:

@@ -156,6 +156,8 @@ PLOT_CAPTIONS = {
     "latency": "Per-request TTFT and TPOT distributions per arm (chosen cells, all workloads and concurrencies pooled).",
     "drift": "Baseline log throughput minus its series mean over the study, per node, with the fitted drift line.",
     "capacity": "Capacity search of one arm: achieved rate and latency vs offered Poisson rate, gates and knee marked.",
+    "throughput_interactivity": "Output tokens/s per GPU against tokens/s per user (1000 / TPOT p50), one curve per "
+                                "arm over concurrency: arms compared at matched interactivity.",
 }
 
 
@@ -313,7 +315,8 @@ def plot_drift(dr: dict, path: Path) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------
-CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens")
+CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens",
+                 "model_runner")
 
 
 def _confounds_by_arm(deps: list[dict]) -> dict[tuple[str, str], dict]:
@@ -430,10 +433,20 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     _corpus_section(B, results)
     heldout = _heldout_section(B, results, cells)
     _validity_section(B, cells, deps, comps)
+    from specstudy import jit
+
+    jit.report_section(B, cells)
     _gpu_section(B, cells, deps)
+    from specstudy import efficiency
+
+    energy = efficiency.energy_section(B, cells)
+    interactivity = efficiency.interactivity_section(B, cells, plots, deps)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
     _model_section(B, model)
+    from specstudy import costmodel
+
+    cost = costmodel.report_section(B, cells, deps, results, comps)
     B.append(("h", 2, "Hypotheses"))
     if declared is None:
         B.append(("p", "No pre-registration was given: no hypothesis is evaluated (hypotheses are declared in the "
@@ -458,7 +471,8 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "patches": patches,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
-               "fixture_heldout": heldout}
+               "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity,
+               "cost_model": cost}
     atomic.write_json(out / "recommendation.json", summary)
     return summary
 
@@ -785,7 +799,7 @@ def _candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
     B.append(("h", 3, "Confounds of each arm side by side"))
     rows = [[ph, arm] + [_fmt_set(v[k]) for k in CONFOUND_COLS] for (ph, arm), v in sorted(conf.items())]
     B.append(("table", ["phase", "arm", "async scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens",
-                        "KV cache tokens"], rows))
+                        "KV cache tokens", "model runner"], rows))
     pairs = []
     for (ph, arm), v in sorted(conf.items()):
         b = conf.get((ph, "baseline"))
@@ -922,8 +936,8 @@ def _validity_section(B, cells, deps, comps):
                 e["invalid_reasons"]] for e in ex]))
     noted = [c for c in cells if c.get("validity_notes")]
     if noted:
-        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part (the cell's "
-                       "validity is unchanged; the note says what was not checked)."))
+        B.append(("p", f"{len(noted)} cell(s) carry a validity note: a check made only in part, or a flagged confound "
+                       "(`jit_in_window`, below); the cell's validity is unchanged and the note says what it found."))
         B.append(("table", ["phase", "arm", "rep", "workload", "c", "note", "detail"],
                   [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c["validity_notes"],
                     "; ".join(n.get("detail", "") for n in json.loads(c.get("validity_note_details") or "[]"))[:300]]

@@ -70,7 +70,10 @@ STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", 
 #: NVML series summarised per cell: per GPU, ``_mean`` = mean over GPUs of the time mean, ``_max`` = max over GPUs.
 GPU_SERIES = ("memory_used_mib", "utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
 GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_count", "int64")] + [
-    (f"gpu_{name}_{stat}", "float64") for name in GPU_SERIES for stat in ("mean", "max")]
+    (f"gpu_{name}_{stat}", "float64") for name in GPU_SERIES for stat in ("mean", "max")] + [
+    # NVML's total-energy counter over the measurement window, summed over the GPUs, and per output token
+    # (null without a GPU counter: a CPU run has none, never zero)
+    ("gpu_energy_j", "float64"), ("gpu_energy_window_s", "float64"), ("energy_j_per_output_token", "float64")]
 
 CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "requests": KEY_COLUMNS
@@ -324,6 +327,8 @@ def confound_fields(confounds: dict | None, cache_config: dict | None = None) ->
         "async_scheduling": async_sched,
         "max_num_batched_tokens": _num(c.get("max_num_batched_tokens")),
         "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
+        # V2 vs V1: vLLM 0.23 falls back to the V1 runner for speculative methods V2 lacks (launch log)
+        "model_runner": _str(c.get("model_runner")),
     }
 
 
@@ -341,6 +346,11 @@ def gpu_fields(telemetry: dict | None) -> dict:
         means, maxes = [v for v in means if v is not None], [v for v in maxes if v is not None]
         out[f"gpu_{name}_mean"] = sum(means) / len(means) if means else None
         out[f"gpu_{name}_max"] = max(maxes) if maxes else None
+    # energy: only when every GPU of the job has the counter over the window (a partial sum would understate it)
+    deltas = [_num(dig(series, f"{g}.energy_j", "delta")) for g in gpus]
+    known = bool(gpus) and all(d is not None for d in deltas)
+    out["gpu_energy_j"] = sum(deltas) if known else None
+    out["gpu_energy_window_s"] = _num(tel.get("window_s")) if known else None
     return out
 
 
@@ -440,6 +450,9 @@ def cell_row(summary: CellSummary | dict, source: str = "<cell summary>") -> dic
     row.update({f"confound_{k}": v for k, v in confound_fields(summary.confounds).items()})
     row["tensor_parallel_size"] = keys.tensor_parallel_size
     row.update(gpu_fields(summary.telemetry))
+    comp = summary.tokens.completion
+    row["energy_j_per_output_token"] = (row["gpu_energy_j"] / comp
+                                        if (row["gpu_energy_j"] is not None and comp) else None)
     return row
 
 

@@ -9,15 +9,18 @@ and flat series values:
 - GPUs through NVML (``nvidia-ml-py``, import name ``pynvml``), per GPU index ``i`` as NVML numbers
   them (every GPU the job sees: TP=4 gives gpu0..gpu3): ``gpu<i>.memory_used_mib``,
   ``gpu<i>.utilization_pct``, ``gpu<i>.memory_utilization_pct``, ``gpu<i>.sm_clock_mhz``,
-  ``gpu<i>.memory_clock_mhz``, ``gpu<i>.power_w``, ``gpu<i>.temperature_c``. A field the GPU does not
+  ``gpu<i>.memory_clock_mhz``, ``gpu<i>.power_w``, ``gpu<i>.temperature_c`` and ``gpu<i>.energy_j``
+  (NVML's total-energy counter, joules since the driver loaded; a counter: the summary gives its ``delta``
+  over the window, the energy the GPU used while the cell was measured). A field the GPU does not
   support is left out (reported once in ``errors``). Without NVML (module missing, no driver, no
   device) ``nvidia-smi`` is the documented fallback (same names, fewer fields); without either the
   sampler says so once per process (stderr) and records no GPU series;
 - the server's processes (always, GPU or not): ``proc.cpu_pct`` (sum over the server's process group,
   100 = one core), ``proc.rss_bytes``, ``proc.count`` and ``host.cpu_pct``.
 
-``summary()`` returns ``{samples, interval_s, errors, series: {name: {count, mean, max[, delta]}}}``
-for the cell summary's ``telemetry`` block. The file is written to a hidden sibling while sampling
+``summary()`` returns ``{samples, interval_s, window_s, errors, series: {name: {count, mean, max[, delta]}}}``
+for the cell summary's ``telemetry`` block (``window_s``: first to last sample; ``stop()`` takes one last
+sample, so the counters' deltas span the whole window). The file is written to a hidden sibling while sampling
 and renamed into place by ``stop()`` (readers never see a half-written file).
 """
 
@@ -43,6 +46,12 @@ VLLM_SERIES = {
     "vllm:num_preemptions_total": "vllm.num_preemptions_total",
 }
 COUNTER_SERIES = {"vllm.num_preemptions_total"}
+#: Per-GPU counters (``gpu<i>.<name>``): the summary gives their ``delta`` too.
+GPU_COUNTERS = ("energy_j",)
+
+
+def is_counter(series: str) -> bool:
+    return series in COUNTER_SERIES or (series.startswith("gpu") and series.rsplit(".", 1)[-1] in GPU_COUNTERS)
 GPU_FIELDS = [("utilization.gpu", "utilization_pct"), ("memory.used", "memory_used_mib"),
               ("power.draw", "power_w"), ("clocks.sm", "sm_clock_mhz")]
 
@@ -198,6 +207,11 @@ class NvmlGpus:
                 v = self._field(i, name, fn, *args, errors=errors)
                 if v is not None:
                     out[f"gpu{i}.{name}"] = round(float(v) * scale, 3)
+            energy = getattr(nv, "nvmlDeviceGetTotalEnergyConsumption", None)  # Volta and later; millijoules
+            if energy is not None:
+                v = self._field(i, "energy_j", energy, h, errors=errors)
+                if v is not None:
+                    out[f"gpu{i}.energy_j"] = round(float(v) * 1e-3, 3)
         return out
 
     def inventory(self) -> dict:
@@ -459,6 +473,12 @@ class TelemetrySampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 15)
+        if self._fh is not None and not self._thread.is_alive():  # the window's end: counters' deltas cover it
+            try:
+                self.sample_once()
+            except Exception as exc:  # noqa: BLE001 - telemetry must never kill a cell
+                key = f"sample: {type(exc).__name__}: {exc}"[:200]
+                self._errors[key] = self._errors.get(key, 0) + 1
         if self._fh is not None:
             self._fh.flush()
             os.fsync(self._fh.fileno())
@@ -496,10 +516,12 @@ def summarize(rows: list[dict], *, interval_s: float | None = None, errors: dict
     out = {}
     for k, vals in sorted(series.items()):
         entry = {"count": len(vals), "mean": round(sum(vals) / len(vals), 6), "max": max(vals)}
-        if k in COUNTER_SERIES:
-            entry["delta"] = vals[-1] - vals[0]
+        if is_counter(k):
+            entry["delta"] = round(vals[-1] - vals[0], 6)
         out[k] = entry
+    stamps = [r["unix"] for r in rows if isinstance(r.get("unix"), int | float)]
     return {"samples": len(rows), "interval_s": interval_s, "hardware_source": source,
+            "window_s": round(stamps[-1] - stamps[0], 3) if len(stamps) >= 2 else None,
             "errors": dict(errors or {}), "series": out}
 
 
