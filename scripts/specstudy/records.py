@@ -424,6 +424,11 @@ class CapacityStep(msgspec.Struct, kw_only=True):
     preemptions: Num | None
     kv_cache_usage_max: Num | None | UnsetType = UNSET
     lateness_p99_ms: Num | None
+    lateness_max_ms: Num | None | UnsetType = UNSET
+    lateness_sends: int | UnsetType = UNSET
+    late_sends: int | None | UnsetType = UNSET
+    late_fraction: Num | None | UnsetType = UNSET
+    late_p_value: Num | None | UnsetType = UNSET
     client_cpu_share: Num | None | UnsetType = UNSET
     pool_wait_p99_ms: Num | None | UnsetType = UNSET
     event_loop_lag_p99_ms: Num | None | UnsetType = UNSET
