@@ -291,14 +291,16 @@ def read_prompts(path: str | Path) -> list[dict]:
 def _greedy(model, ids: list[int], n: int, eos: int | None) -> list[int]:
     import torch
 
-    seq = list(ids)
     out: list[int] = []
+    step = torch.tensor([ids], device=model.device)
+    past = None
     with torch.no_grad():
         for _ in range(n):
-            logits = model(input_ids=torch.tensor([seq], device=model.device)).logits[0, -1]
-            tok = int(torch.argmax(logits))
+            res = model(input_ids=step, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            tok = int(torch.argmax(res.logits[0, -1]))
             out.append(tok)
-            seq.append(tok)
+            step = torch.tensor([[tok]], device=model.device)
             if eos is not None and tok == eos:
                 break
     return out
