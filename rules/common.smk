@@ -153,6 +153,25 @@ def served_model_inputs():
     return model_inputs() + ([SCALE_RECORD] if SCALE else [])
 
 
+# The scale model's rule parameters (rule scale_models, rules/models.smk).
+def scale_param(key, default):
+    return (config.get("scale_model") or {}).get(key, default)
+
+
+def scale_shape_arg(role):
+    import json as _json
+
+    shape = ((config.get("scale_model") or {}).get(role) or {}).get("shape")
+    return "" if shape is None else "--{}-shape '{}'".format(role, shape if isinstance(shape, str) else _json.dumps(shape, sort_keys=True))
+
+
+def scale_smoke_prompts():
+    """The smoke corpus's bundled source rows (id + messages): the function check's prompts, all of them."""
+    from specstudy.scale_model import smoke_source
+
+    return smoke_source(config["corpora"]["smoke"])
+
+
 def corpus_build_inputs(wildcards):
     return {"spec": corpus_spec_for(wildcards), "models": model_inputs()}
 

@@ -52,21 +52,10 @@ rule fixture_heldout:
 # The scale model (issue 27, scripts/specstudy/scale_model.py): the fixture pair widened, function-
 # preserving, into an 8B-shaped target and a 1B-shaped draft from a seed; the function check against the
 # fixture on the smoke prompts must pass or nothing is written. Built on the GPU when present.
-def _scale_param(key, default):
-    return (config.get("scale_model") or {}).get(key, default)
-
-
-def _scale_shape(role):
-    import json as _json
-
-    shape = ((config.get("scale_model") or {}).get(role) or {}).get("shape")
-    return "" if shape is None else "--{}-shape '{}'".format(role, _json.dumps(shape, sort_keys=True))
-
-
 rule scale_models:
     input:
         fixture=FIXTURE_RECORD,
-        prompts=corpus_json("smoke"),
+        prompts=scale_smoke_prompts() if SCALE else [],
         module="scripts/specstudy/scale_model.py",
     output:
         record=SCALE_RECORD,
@@ -75,16 +64,16 @@ rule scale_models:
     benchmark:
         "results/benchmarks/models/scale.tsv"
     params:
-        seed=_scale_param("seed", 0),
-        device=_scale_param("device", "auto"),
-        dtype=_scale_param("dtype", "bfloat16"),
-        tolerance=(_scale_param("check", {}) or {}).get("max_abs_logit_diff", 1e-4),
-        greedy=(_scale_param("check", {}) or {}).get("greedy_tokens", 32),
-        shapes=" ".join(_scale_shape(r) for r in ("target", "draft")),
+        seed=scale_param("seed", 0),
+        device=scale_param("device", "auto"),
+        dtype=scale_param("dtype", "bfloat16"),
+        tolerance=(scale_param("check", {}) or {}).get("max_abs_logit_diff", 1e-4),
+        greedy=(scale_param("check", {}) or {}).get("greedy_tokens", 32),
+        shapes=" ".join(scale_shape_arg(r) for r in ("target", "draft")),
     threads: 2
     conda:
         "../envs/specstudy.yaml"
     shell:
         "specstudy scale-model --out $(dirname {output.record}) --fixture $(dirname {input.fixture}) "
-        "--prompts $(dirname {input.prompts}) --seed {params.seed} --device {params.device} --dtype {params.dtype} "
+        "--prompts {input.prompts} --seed {params.seed} --device {params.device} --dtype {params.dtype} "
         "--tolerance {params.tolerance} --greedy-tokens {params.greedy} {params.shapes} > {log} 2>&1"

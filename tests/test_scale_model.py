@@ -73,7 +73,7 @@ def test_saved_model_reloads_with_the_fixture_function_and_hashes_are_checked(bu
     # the extra layers really are full-size and random (they cost a full model's bytes), not zeros
     q = wide.model.layers[5].self_attn.q_proj.weight
     assert q.shape == (1024, 1024) and float(q.detach().std()) == pytest.approx(0.02, rel=0.05)
-    assert float(wide.model.layers[5].self_attn.o_proj.weight.abs().max()) == 0.0
+    assert float(wide.model.layers[5].self_attn.o_proj.weight.detach().abs().max()) == 0.0
     # a changed file no longer matches the record
     copy = out.parent / "tampered"
     shutil.copytree(out, copy)

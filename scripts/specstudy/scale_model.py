@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -288,6 +289,20 @@ def read_prompts(path: str | Path) -> list[dict]:
     return rows
 
 
+def smoke_source(spec_path: str | Path) -> str:
+    """The bundled source file of the smoke corpus spec (``source.path``, relative to the spec)."""
+    import yaml
+
+    spec_path = Path(spec_path)
+    spec = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    src = (spec.get("source") or {}).get("path") if isinstance(spec, dict) else None
+    if not src:
+        raise ScaleModelError(f"{spec_path}: field 'source.path' is missing; the scale model's function check reads "
+                              "the smoke prompts from it")
+    path = Path(src) if Path(src).is_absolute() else spec_path.parent / src
+    return os.path.relpath(os.path.normpath(path))
+
+
 def _greedy(model, ids: list[int], n: int, eos: int | None) -> list[int]:
     import torch
 
@@ -461,7 +476,7 @@ def _shape_arg(text: str | None):
     if text is None:
         return None
     text = text.strip()
-    return json.loads(text) if text.startswith("{") else text
+    return json.loads(text) if text[:1] in '{"' else text
 
 
 def _cmd_build(args) -> int:
