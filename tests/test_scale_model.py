@@ -168,3 +168,22 @@ def test_failing_function_check_is_refused_and_writes_nothing(tmp_path, fixture_
         sm.build_scale_models(tmp_path / "out", fixture_models["dir"], SMOKE, shapes=SMALL, device="cpu", greedy_tokens=4,
                               log=lambda *_: None)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+
+
+def test_build_from_config_follows_the_study_config(tmp_path, fixture_models):
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "config" / "gpu-h200-scale.yaml").read_text())
+    cfg["corpora"]["smoke"] = str(ROOT / "corpora" / "embedded" / "smoke.yaml")
+    path = tmp_path / "study.yaml"
+    cfg["scale_model"]["build"] = False
+    path.write_text(yaml.safe_dump(cfg))
+    assert not sm.wanted(path) and sm.build_from_config(path, tmp_path / "out", fixture_models["dir"], log=lambda *_: None) is None
+    cfg["scale_model"].update(build=True, device="cpu", draft={"shape": dict(SMALL["draft"], hidden_size=1024, num_attention_heads=16)})
+    path.write_text(yaml.safe_dump(cfg))
+    assert sm.wanted(path)
+    # the config's shapes reach the builder: an 8x widening of the draft is refused before any weight is built
+    with pytest.raises(sm.ScaleModelError, match=r"scale model draft .*1024/128 is not a power of 4"):
+        sm.build_from_config(path, tmp_path / "out", fixture_models["dir"], log=lambda *_: None)
+    assert not (tmp_path / "out").exists()
+    assert sm.smoke_source(cfg["corpora"]["smoke"]).endswith("corpora/data/smoke/smoke.jsonl")

@@ -459,6 +459,34 @@ def build_scale_models(out: str | Path, fixture_dir: str | Path, prompts: str | 
     return record
 
 
+def build_from_config(config_path: str | Path, out: str | Path = "results/models/scale",
+                      fixture_dir: str | Path = "results/models/fixture", log=print) -> dict | None:
+    """Build the scale model a study config asks for (``scale_model.build``), as rule scale_models does;
+    None when the config asks for none. For envs/gpu/lease.sh's prebuild (no Snakemake needed)."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
+    section = cfg.get("scale_model") or {}
+    if not section.get("build"):
+        log(f"{config_path}: scale_model.build is not set; no scale model to build")
+        return None
+    check = section.get("check") or {}
+    shapes = {role: (section.get(role) or {}).get("shape") for role in ROLES}
+    return build_scale_models(out, fixture_dir, smoke_source(cfg["corpora"]["smoke"]), seed=section.get("seed", DEFAULTS["seed"]),
+                              shapes=shapes, device=section.get("device", DEFAULTS["device"]),
+                              dtype=section.get("dtype", DEFAULTS["dtype"]),
+                              tolerance=check.get("max_abs_logit_diff", DEFAULTS["max_abs_logit_diff"]),
+                              greedy_tokens=check.get("greedy_tokens", DEFAULTS["greedy_tokens"]), log=log)
+
+
+def wanted(config_path: str | Path) -> bool:
+    """Whether a study config asks for a scale model (lease.sh's prebuild asks this)."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+    return bool((cfg.get("scale_model") or {}).get("build"))
+
+
 def verify(out: str | Path) -> list[str]:
     """Files under ``out`` whose sha256 differs from the record's (empty: the models are the recorded ones)."""
     out = Path(out)
