@@ -487,6 +487,28 @@ def wanted(config_path: str | Path) -> bool:
     return bool((cfg.get("scale_model") or {}).get("build"))
 
 
+def report_note(config: dict, results: str | Path = "results") -> str | None:
+    """The report's paragraph saying the study ran on the scale model (None when the config has none)."""
+    if not (config.get("scale_model") or {}).get("build"):
+        return None
+    text = (f"{LABEL.capitalize()}: the trained fixture pair widened, function-preserving, into an 8B/1B-shaped pair "
+            "(docs/gpu.md, \"The scale-model study\"): memory traffic, KV cost and engine behaviour are the wide "
+            "pair's; outputs and acceptance are the 6 M fixture pair's.")
+    path = Path(results) / "models" / "scale" / RECORD_NAME
+    if not path.exists():
+        return text + f" Its record ({path}) is missing."
+    rec = atomic.read_json(path)
+    parts = []
+    for role in ROLES:
+        r, c = rec[role], rec[role]["check"]
+        shape = r["construction"]["shape"]
+        parts.append(f"{role} {r['parameters']:,} parameters (hidden {shape['hidden_size']}, "
+                     f"{shape['num_hidden_layers']} layers, {shape['num_attention_heads']} heads, "
+                     f"{shape['num_key_value_heads']} KV heads), fp32 max-abs logit difference "
+                     f"{c['max_abs_logit_diff']:.2g}, greedy equal on {c['greedy_equal']} of {c['prompts']} smoke prompts")
+    return text + f" Built on {rec['device']} from seed {rec['seed']}: " + "; ".join(parts) + "."
+
+
 def verify(out: str | Path) -> list[str]:
     """Files under ``out`` whose sha256 differs from the record's (empty: the models are the recorded ones)."""
     out = Path(out)
