@@ -199,3 +199,24 @@ def test_report_note_labels_the_scale_model_study_from_its_record(built, tmp_pat
     assert note.startswith("Scale model: the trained fixture pair widened")
     assert f"target {record['target']['parameters']:,} parameters (hidden 1024, 6 layers, 16 heads, 8 KV heads)" in note
     assert f"greedy equal on {_prompt_count()} of {_prompt_count()} smoke prompts" in note
+
+
+def test_cli_builds_what_the_rule_asks_for(tmp_path, fixture_models, capsys):
+    target = dict(hidden_size=1024, intermediate_size=768, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4)
+    draft = dict(hidden_size=512, intermediate_size=384, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2)
+    out = tmp_path / "scale"
+    rc = cli.main(["scale-model", "--out", str(out), "--fixture", fixture_models["dir"], "--prompts", str(SMOKE),
+                   "--seed", "9", "--device", "auto", "--dtype", "bfloat16", "--tolerance", "1e-5", "--greedy-tokens", "4",
+                   "--target-shape", json.dumps(target), "--draft-shape", json.dumps(draft)])
+    assert rc == 0, capsys.readouterr().out
+    record = json.loads((out / sm.RECORD_NAME).read_text())
+    import torch
+
+    assert record["seed"] == 9 and record["dtype"] == "bfloat16"
+    assert record["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # auto: the GPU where there is one
+    assert record["target"]["construction"]["shape"] == target and record["draft"]["construction"]["shape"] == draft
+    assert record["target"]["check"]["greedy_tokens"] == 4 and record["target"]["check"]["tolerance"] == 1e-5
+    assert json.loads((out / "draft" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert sm.verify(out) == []
+    # a named shape on the command line is the named shape (as the rule passes it)
+    assert sm._shape_arg("llama-3-8b") == "llama-3-8b" and sm._shape_arg('"llama-3.2-1b"') == "llama-3.2-1b"
