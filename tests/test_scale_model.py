@@ -220,3 +220,18 @@ def test_cli_builds_what_the_rule_asks_for(tmp_path, fixture_models, capsys):
     assert sm.verify(out) == []
     # a named shape on the command line is the named shape (as the rule passes it)
     assert sm._shape_arg("llama-3-8b") == "llama-3-8b" and sm._shape_arg('"llama-3.2-1b"') == "llama-3.2-1b"
+
+
+@pytest.mark.gpu
+def test_full_size_scale_pair_builds_on_a_gpu(tmp_path, fixture_models):
+    """The default 8B/1B shapes on the GPU (the lease's prebuild): the check holds at full size."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: the full-size scale pair is built on the GPU machine only")
+    rec = sm.build_scale_models(tmp_path / "scale", fixture_models["dir"], SMOKE, seed=1, device="cuda", dtype="bfloat16")
+    assert rec["target"]["parameters"] == 6_996_365_312 and rec["draft"]["parameters"] == 981_534_720
+    for role in sm.ROLES:
+        assert rec[role]["check"]["max_abs_logit_diff"] <= 1e-4
+        assert rec[role]["check"]["greedy_equal"] == rec[role]["check"]["prompts"]
+    size = sum(p.stat().st_size for p in (tmp_path / "scale" / "target").glob("*.safetensors"))
+    assert 2 * rec["target"]["parameters"] <= size < 2 * rec["target"]["parameters"] + 50_000_000  # bf16 weights
