@@ -58,3 +58,23 @@ def test_a_failed_fixture_build_skips_the_scale_model_but_ends_the_prebuild(tmp_
     assert (lease / "builds").read_text().splitlines() == ["fixture"]
     assert (lease / "prebuild.rc").read_text().strip() == "3" and not (lease / "scale.rc").exists()
     assert (lease / "prebuild.done").exists()  # `start` does not wait forever; the study's rules retry the builds
+
+
+@pytest.mark.parametrize("scale_rc,scale_touched", [("0", True), ("1", False)])
+def test_start_touches_only_what_the_prebuild_built(tmp_path, scale_rc, scale_touched):
+    env = _env(tmp_path, "gpu-h200-scale.yaml")
+    work, lease = tmp_path / "work", tmp_path / "lease"
+    records = [work / "results" / "models" / "fixture" / "models.json", work / "results" / "models" / "scale" / "scale.json"]
+    for r in records:
+        r.parent.mkdir(parents=True)
+        r.write_text("{}")
+        os.utime(r, (1_000_000_000, 1_000_000_000))  # older than any input a device call may re-copy
+    (lease / "prebuild.rc").write_text("0\n")
+    (lease / "scale.rc").write_text(scale_rc + "\n")
+    subprocess.run(["bash", str(LEASE), "_touch_prebuilt"], env=env, check=True, timeout=60, capture_output=True, text=True)
+    fixture, scale = (r.stat().st_mtime_ns for r in records)
+    assert fixture > 1_000_000_000 * 10**9
+    if scale_touched:
+        assert scale >= fixture  # the scale record stays newer than its input, the fixture record
+    else:
+        assert scale == 1_000_000_000 * 10**9  # a failed scale prebuild is left for the study's rule to redo

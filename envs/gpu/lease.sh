@@ -70,6 +70,16 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
   touch "$LEASE/done"
 }
 
+touch_prebuilt() {  # the prebuilt records, newer than the tree's files (a device call may re-copy them, with new mtimes)
+  if [ "$(cat "$LEASE/prebuild.rc" 2>/dev/null)" = 0 ] && [ -f results/models/fixture/models.json ]; then
+    touch results/models/fixture/models.json
+    if [ "$(cat "$LEASE/scale.rc" 2>/dev/null)" = 0 ] && [ -f results/models/scale/scale.json ]; then
+      touch results/models/scale/scale.json   # after models.json, its input
+    fi
+    say "prebuilt model records touched (built in this lease from this tree): Snakemake takes them as up to date"
+  fi
+}
+
 progress() {
   local cells; cells=$(find results -path '*/attempts/*' -name summary.json 2>/dev/null | wc -l)
   local deps; deps=$(find results -path '*/attempts/*' -name launch.log 2>/dev/null | wc -l)
@@ -137,11 +147,13 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
     fi
     [ -f "$LEASE/prebuild.rc" ] && say "prebuild rc $(cat "$LEASE/prebuild.rc")"
     [ -f "$LEASE/scale.rc" ] && say "scale model prebuild rc $(cat "$LEASE/scale.rc") (a failure is retried by the study's rule scale_models)"
+    touch_prebuilt
     nvidia-smi > "$LEASE/nvidia-smi.txt" 2>&1
     say "background run starts; deadline in $budget s"
     setsid nohup bash "$0" _background "$deadline" > "$LEASE/background.log" 2>&1 < /dev/null &
     sleep 5; progress ;;
   _background) background "$2" ;;
+  _touch_prebuilt) touch_prebuilt ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
     while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep 20; progress; done
