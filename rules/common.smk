@@ -67,6 +67,9 @@ CAPACITY = config.get("capacity") or {}
 FIXTURES = (config.get("fixture_models") or {}).get("build", False)
 FIXTURE_RECORD = "results/models/fixture/models.json"
 FIXTURE_HELDOUT = "results/models/fixture/heldout.json"
+# The scale model (issue 27): the fixture pair widened into results/models/scale/{target,draft}.
+SCALE = (config.get("scale_model") or {}).get("build", False)
+SCALE_RECORD = "results/models/scale/scale.json"
 
 wildcard_constraints:
     phase="screen|confirm",
@@ -142,6 +145,31 @@ def methods_record_input():
 
 def model_inputs():
     return [FIXTURE_RECORD] if FIXTURES else []
+
+
+def served_model_inputs():
+    """What a deployment serves: the fixture pair, and the scale model widened from it when configured
+    (not an input of the corpora, which the scale model's function check reads)."""
+    return model_inputs() + ([SCALE_RECORD] if SCALE else [])
+
+
+# The scale model's rule parameters (rule scale_models, rules/models.smk).
+def scale_param(key, default):
+    return (config.get("scale_model") or {}).get(key, default)
+
+
+def scale_shape_arg(role):
+    import json as _json
+
+    shape = ((config.get("scale_model") or {}).get(role) or {}).get("shape")
+    return "" if shape is None else "--{}-shape '{}'".format(role, shape if isinstance(shape, str) else _json.dumps(shape, sort_keys=True))
+
+
+def scale_smoke_prompts():
+    """The smoke corpus's bundled source rows (id + messages): the function check's prompts, all of them."""
+    from specstudy.scale_model import smoke_source
+
+    return smoke_source(config["corpora"]["smoke"])
 
 
 def corpus_build_inputs(wildcards):
@@ -321,7 +349,7 @@ def deployment_inputs(wildcards, phase=None):
     rep = getattr(wildcards, "rep", None) or wildcards.drift
     dep = planned(phase, wildcards.arm, rep)
     # The job reads its spec from the plan (--deployment <phase>/<arm>/<rep>) and the effective config.
-    inputs = {"corpora": all_corpus_json(), "models": model_inputs(),
+    inputs = {"corpora": all_corpus_json(), "models": served_model_inputs(),
               "plan": f"results/plan/{phase}.json", "config": ancient(DEPLOYMENT_CONFIG_FILE),
               "lock": ancient("results/screen/prereg-lock.json")}
     if phase == "confirm":
@@ -446,7 +474,7 @@ def capacity_inputs(wildcards):
     if wildcards.arm not in capacity_arms():
         raise WorkflowError(f"results/capacity/{wildcards.arm}: capacity runs only for baseline and the final candidate "
                             f"from confirmation ({final_candidate_file()})")
-    return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": model_inputs(),
+    return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": served_model_inputs(),
             # the arm's spec comes from the confirmation plan, the search from the effective config
             "plan": ancient("results/plan/confirm.json"), "config": ancient(DEPLOYMENT_CONFIG_FILE),
             # ancient: re-measuring a confirmation cell rewrites the record but does not redo the capacity search

@@ -47,3 +47,33 @@ rule fixture_heldout:
     shell:
         "specstudy fixture-heldout --models {input.models} --heldout {input.heldout} "
         "--workload-corpora {input.workloads} --k {params.k} --out {output} > {log} 2>&1"
+
+
+# The scale model (issue 27, scripts/specstudy/scale_model.py): the fixture pair widened, function-
+# preserving, into an 8B-shaped target and a 1B-shaped draft from a seed; the function check against the
+# fixture on the smoke prompts must pass or nothing is written. Built on the GPU when present.
+rule scale_models:
+    input:
+        fixture=FIXTURE_RECORD,
+        prompts=scale_smoke_prompts() if SCALE else [],
+        module="scripts/specstudy/scale_model.py",
+    output:
+        record=SCALE_RECORD,
+    log:
+        "results/logs/models/scale.log",
+    benchmark:
+        "results/benchmarks/models/scale.tsv"
+    params:
+        seed=scale_param("seed", 0),
+        device=scale_param("device", "auto"),
+        dtype=scale_param("dtype", "bfloat16"),
+        tolerance=(scale_param("check", {}) or {}).get("max_abs_logit_diff", 1e-4),
+        greedy=(scale_param("check", {}) or {}).get("greedy_tokens", 32),
+        shapes=" ".join(scale_shape_arg(r) for r in ("target", "draft")),
+    threads: 2
+    conda:
+        "../envs/specstudy.yaml"
+    shell:
+        "specstudy scale-model --out $(dirname {output.record}) --fixture $(dirname {input.fixture}) "
+        "--prompts {input.prompts} --seed {params.seed} --device {params.device} --dtype {params.dtype} "
+        "--tolerance {params.tolerance} --greedy-tokens {params.greedy} {params.shapes} > {log} 2>&1"

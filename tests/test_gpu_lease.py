@@ -56,6 +56,9 @@ def test_pack_leaves_model_weights_behind_and_splits_into_small_parts(tmp_path):
     work = tmp_path / "work"
     (work / "results" / "models" / "fixture").mkdir(parents=True)
     (work / "results" / "models" / "fixture" / "model.safetensors").write_bytes(os.urandom(1024))
+    (work / "results" / "models" / "scale" / "target").mkdir(parents=True)
+    (work / "results" / "models" / "scale" / "target" / "model-00001-of-00002.safetensors").write_bytes(os.urandom(1024))
+    (work / "results" / "models" / "scale" / "scale.json").write_text("{}")
     (work / "results" / "screen").mkdir(parents=True)
     (work / "results" / "screen" / "x.json").write_text("{}")
     (tmp_path / "out").mkdir()
@@ -69,5 +72,6 @@ def test_pack_leaves_model_weights_behind_and_splits_into_small_parts(tmp_path):
     whole.write_bytes(b"".join(p.read_bytes() for p in parts))
     names = tarfile.open(whole).getnames()
     assert "results/screen/x.json" in names
-    assert not any("models" in n for n in names)
+    assert not any(n.endswith(".safetensors") for n in names)  # no weights: rebuilt from their seeds
+    assert "results/models/scale/scale.json" in names  # the record with every file's sha256 comes back
     assert (tmp_path / "out" / "lease.log").exists()

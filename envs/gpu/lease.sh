@@ -4,8 +4,9 @@
 # machine stays warm); each call waits, prints progress and packs what exists under $OUT.
 #
 #   envs/gpu/lease.sh prebuild         # while the parts are still arriving: build the fixture models in the
-#                                      # background with the image's torch (the rule has no inputs, so
-#                                      # Snakemake later takes the finished models.json as up to date)
+#                                      # background with the image's torch, then the scale model when the
+#                                      # config sets scale_model.build (on the GPU; Snakemake later takes the
+#                                      # finished models.json / scale.json as up to date: newer than their inputs)
 #   envs/gpu/lease.sh early-wheels     # HERE, after `make gpu-stage`: copy the few wheels the prebuild needs
 #                                      # beyond the image (jsonschema and its dependencies) to .stage/early,
 #                                      # to be carried with the first part
@@ -69,6 +70,16 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
   touch "$LEASE/done"
 }
 
+touch_prebuilt() {  # the prebuilt records, newer than the tree's files (a device call may re-copy them, with new mtimes)
+  if [ "$(cat "$LEASE/prebuild.rc" 2>/dev/null)" = 0 ] && [ -f results/models/fixture/models.json ]; then
+    touch results/models/fixture/models.json
+    if [ "$(cat "$LEASE/scale.rc" 2>/dev/null)" = 0 ] && [ -f results/models/scale/scale.json ]; then
+      touch results/models/scale/scale.json   # after models.json, its input
+    fi
+    say "prebuilt model records touched (built in this lease from this tree): Snakemake takes them as up to date"
+  fi
+}
+
 progress() {
   local cells; cells=$(find results -path '*/attempts/*' -name summary.json 2>/dev/null | wc -l)
   local deps; deps=$(find results -path '*/attempts/*' -name launch.log 2>/dev/null | wc -l)
@@ -81,7 +92,8 @@ pack() {
   [ -n "${OUT:-}" ] || { echo "pack: OUT is not set (run on the device machine)"; return 2; }
   mkdir -p "$LEASE/logs"
   cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
-  tar --exclude='results/models' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
+  # no weights (the models are rebuilt from their seeds), but their records, configs and tokenizers
+  tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
       -czf "$LEASE/results.tgz" results "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE/logs" \
       "$LEASE/startup-cache" 2>/dev/null
   split -b 15M -d -a 1 "$LEASE/results.tgz" "$OUT/results.tgz.part"
@@ -104,27 +116,44 @@ case "${1:-}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/specstudy-early "$REPO"/.stage/early/*.whl \
         && early=/tmp/specstudy-early
     fi
-    say "prebuild: fixture models (results/models/fixture) in the background"
-    setsid nohup env PYTHONPATH="$early${early:+:}${PYTHONPATH:-}" bash -c 't0=$(date +%s); python3 -c "import sys; sys.path.insert(0, \"$0/scripts\"); \
-import yaml; fm = yaml.safe_load(open(\"$2\"))[\"fixture_models\"]; \
-from specstudy.fixture_models import build_fixture_models; \
-build_fixture_models(\"results/models/fixture\", seed=fm.get(\"seed\", 0), draft_preset=fm.get(\"draft_preset\", \"default\"))" \
-      > results/logs/models/fixture.log 2>&1; echo $? > "$1/prebuild.rc"; echo "prebuild: rc $(cat "$1/prebuild.rc") after $(( $(date +%s) - t0 )) s" >> "$1/lease.log"' \
-      "$REPO" "$LEASE" "$CONFIG" < /dev/null > /dev/null 2>&1 &
+    rm -f "$LEASE/prebuild.done"
+    say "prebuild: fixture models (results/models/fixture), then the scale model if $CONFIG asks for it, in the background"
+    setsid nohup bash "$0" _prebuild "$early" < /dev/null > "$LEASE/prebuild.log" 2>&1 &
     sleep 2; tail -n 2 results/logs/models/fixture.log ;;
+  _prebuild)  # the background body of prebuild: fixture models, then the scale model (scale_model.build)
+    export PYTHONPATH="${2:-}${2:+:}$REPO/scripts${PYTHONPATH:+:$PYTHONPATH}"
+    t0=$(now)
+    python3 -c "import yaml; fm = yaml.safe_load(open('$CONFIG'))['fixture_models']; \
+from specstudy.fixture_models import build_fixture_models; \
+build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_preset=fm.get('draft_preset', 'default'))" \
+      > results/logs/models/fixture.log 2>&1
+    echo $? > "$LEASE/prebuild.rc"
+    say "prebuild: rc $(cat "$LEASE/prebuild.rc") after $(( $(now) - t0 )) s"
+    if [ "$(cat "$LEASE/prebuild.rc")" = 0 ] && python3 -c "import sys; from specstudy.scale_model import wanted; sys.exit(0 if wanted('$CONFIG') else 1)"; then
+      t0=$(now)
+      say "prebuild: scale model (results/models/scale) on the GPU"
+      python3 -c "from specstudy.scale_model import build_from_config; build_from_config('$CONFIG')" \
+        > results/logs/models/scale.log 2>&1
+      echo $? > "$LEASE/scale.rc"
+      say "prebuild: scale model rc $(cat "$LEASE/scale.rc") after $(( $(now) - t0 )) s"
+    fi
+    touch "$LEASE/prebuild.done" ;;
   start)
     budget=${2:?usage: lease.sh start BUDGET_S}
     deadline=$(( $(now) + budget ))
-    if [ -f results/logs/models/fixture.log ] && [ ! -f "$LEASE/prebuild.rc" ]; then
-      say "waiting for the fixture-model prebuild to finish"
-      while [ ! -f "$LEASE/prebuild.rc" ]; do sleep 2; done
+    if [ -f results/logs/models/fixture.log ] && [ ! -f "$LEASE/prebuild.done" ]; then
+      say "waiting for the prebuild (fixture models, scale model) to finish"
+      while [ ! -f "$LEASE/prebuild.done" ]; do sleep 2; done
     fi
     [ -f "$LEASE/prebuild.rc" ] && say "prebuild rc $(cat "$LEASE/prebuild.rc")"
+    [ -f "$LEASE/scale.rc" ] && say "scale model prebuild rc $(cat "$LEASE/scale.rc") (a failure is retried by the study's rule scale_models)"
+    touch_prebuilt
     nvidia-smi > "$LEASE/nvidia-smi.txt" 2>&1
     say "background run starts; deadline in $budget s"
     setsid nohup bash "$0" _background "$deadline" > "$LEASE/background.log" 2>&1 < /dev/null &
     sleep 5; progress ;;
   _background) background "$2" ;;
+  _touch_prebuilt) touch_prebuilt ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
     while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep 20; progress; done

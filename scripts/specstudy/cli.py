@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "tables",
     "report",
     "random_model",
+    "scale_model",
     "mechanics",
     "ignore_eos",
     "profiling",

@@ -31,6 +31,24 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
+def _scale_model_problems(cfg: dict, source: str) -> list[str]:
+    """The scale model's shapes must embed the fixture pair exactly (scale_model.check_plan), refused at check time."""
+    section = cfg.get("scale_model") or {}
+    if not section.get("build"):
+        return []
+    from . import fixture_models, scale_model
+
+    fixture = cfg.get("fixture_models") or {}
+    if not fixture.get("build"):
+        return ["field 'scale_model.build': the scale model is widened from the fixture pair; set fixture_models.build: true"]
+    draft = fixture_models.DRAFT_PRESETS[fixture.get("draft_preset", "default")]
+    try:
+        scale_model.check_plan(section, {"target": fixture_models.TARGET, "draft": draft}, source)
+    except scale_model.ScaleModelError as exc:
+        return [f"field 'scale_model': {exc}"]
+    return []
+
+
 def check_config(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
     try:
@@ -68,6 +86,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
         if drift["workload"] not in cfg["corpora"]["workloads"]:
             problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
                             f"({', '.join(cfg['corpora']['workloads'])})")
+    problems.extend(_scale_model_problems(cfg, source))
     cap = cfg.get("capacity") or {}
     if cap.get("enabled") and cap.get("workload") not in cfg["corpora"]["workloads"]:
         problems.append(f"field 'capacity.workload': {cap.get('workload')!r} is not a workload in corpora.workloads")

@@ -373,7 +373,12 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)  # a declared output directory of the report rule, even when empty
     B: list[Block] = []
-    B.append(("h", 1, "Speculative decoding study report"))
+    from specstudy.scale_model import LABEL, report_note
+
+    scale = report_note(config, results)  # the scale-model study labels its report (issue 27)
+    B.append(("h", 1, "Speculative decoding study report" + (f" ({LABEL})" if scale else "")))
+    if scale:
+        B.append(("p", scale))
     B.append(("p", f"Built from {tables_dir} (tables rebuilt from raw artifacts under {results}). "
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
     # --- recommendation first
