@@ -291,7 +291,8 @@ FAKE_SERVER = textwrap.dedent('''
             if self.path == "/v1/models":
                 self._send(200, {"data": [] if mode == "never" else [{"id": name}]})
             elif self.path == "/metrics":
-                b = b'vllm:num_requests_running{engine="0"} 2.0\\nvllm:kv_cache_usage_perc{engine="0"} 0.25\\n'
+                b = (b'vllm:num_requests_running{engine="0"} ' + os.environ.get("FAKE_RUNNING", "2.0").encode()
+                     + b'\\nvllm:kv_cache_usage_perc{engine="0"} 0.25\\n')
                 self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
             else:
                 self._send(404, {})
