@@ -27,6 +27,15 @@ def _source_key() -> str:
     return h.hexdigest()[:12]
 
 
+@pytest.fixture(autouse=True)
+def _restore_cwd():
+    """The working directory is the same after every test as before it, whatever the test or a helper it
+    calls (test_workflow_dag's fake_planned, which plans relative to a workflow copy) changed."""
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
+
+
 @pytest.fixture(scope="session")
 def test_cache() -> Path:
     """Where built test prerequisites are kept across runs (``SPECSTUDY_TEST_CACHE``, default tests/.cache)."""

@@ -54,3 +54,4 @@ def test_unknown_markers_are_errors_and_tests_have_a_timeout(tmp_path):
 
     ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in ini["addopts"].split() and 0 < int(ini["timeout"]) <= 900
+
