@@ -23,6 +23,8 @@ import pytest
 from specstudy import atomic
 from test_deploy import fake_python as fake_python  # noqa: F401  (fixture)
 from test_workflow_dag import ROOT, _files, fake_screening, job_counts, sm
+from test_workflow_dag import screened as screened  # noqa: F401  (fixture)
+from test_workflow_dag import screened_template as screened_template  # noqa: F401  (fixture)
 from test_workflow_dag import workdir as workdir  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -39,9 +41,8 @@ def _edit_prereg(workdir: Path) -> None:
     p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))
 
 
-def test_edited_preregistration_stops_every_target_naming_the_field(workdir):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_edited_preregistration_stops_every_target_naming_the_field(screened):
+    workdir = screened
     _edit_prereg(workdir)
     for target in ("confirm", "report", "all", "screen", "results/plan/confirm.json", "capacity"):
         proc = sm(workdir, "-n", target, check=False)
@@ -75,9 +76,8 @@ def _screen_summaries(workdir: Path) -> list[Path]:
     return sorted((workdir / "results" / "screen").glob("*/rep*/*/c*/summary.json"))
 
 
-def test_truncated_summary_names_the_file_and_the_report_is_never_stale(workdir):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_truncated_summary_names_the_file_and_the_report_is_never_stale(screened):
+    workdir = screened
     selection = workdir / "results" / "selection" / "selection.json"
     report = workdir / "results" / "report" / "report.md"
     report.parent.mkdir(parents=True)
@@ -213,10 +213,9 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
     assert (a1 / "capacity" / "knee.json").exists()  # the previous complete result stays on disk
 
 
-def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alone(workdir):
+def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alone(screened):
     """Re-measuring one confirmation cell re-runs its deployment; the capacity search does not re-run."""
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+    workdir = screened
     from specstudy.config import load_config
     from test_workflow_dag import CLEAR, _fake_confirm_rounds, json_writer
 
@@ -562,12 +561,11 @@ def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypat
         assert abs(declared.stat().st_mtime - old) < 1e-3, "a reused, unchanged cell got a new time"
 
 
-def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(workdir):
+def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(screened):
     """A re-run deployment republishes its reused cells byte for byte. Snakemake touches every output of
     a job, but its input checksums (recorded when ``select`` ran) keep unchanged files from re-running
     what reads them; a cell whose content changed does re-run it."""
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+    workdir = screened
     cells = sorted((workdir / "results/screen/baseline/rep1").glob("*/c*/summary.json"))
     later = time.time() + 5
     for f in cells:  # same bytes, new time: what a re-run deployment leaves after Snakemake's touch
@@ -619,9 +617,8 @@ def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group
 
 
 @pytest.mark.parametrize("path", ["results/selection/selection.json", "results/screen/prereg-lock.json"])
-def test_corrupt_file_read_while_planning_names_the_file(workdir, path):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_corrupt_file_read_while_planning_names_the_file(screened, path):
+    workdir = screened
     f = workdir / path
     f.write_text(f.read_text()[:20])
     proc = sm(workdir, "-n", "confirm", check=False)
