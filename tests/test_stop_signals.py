@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from test_deploy import fake_python as fake_python  # noqa: F401  (fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIO = r"""
@@ -138,3 +140,72 @@ def test_server_reports_stopping_while_its_stop_runs(tmp_path, monkeypatch):
             child.kill()
         child.wait(timeout=10)
     assert seen and all(seen) and srv.stopping and srv.stop_report["graceful"]
+
+
+JOB = r"""
+import json, os, signal, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from specstudy import atomic, gate
+from specstudy import cell as cellmod
+from specstudy.deployment import launch
+from specstudy.deployment_run import run_deployment
+
+gate.capture_greedy = lambda url, served, prompts, path, **k: atomic.write_json(path, {"fake": True})
+
+def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, **k):
+    summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}
+    atomic.write_json(cdir / "summary.json", summary)
+    return summary
+
+cellmod.run_cell = run_cell
+real_signal_all, sent = launch._signal_all, []
+
+def signal_all(pgid, pids, sig):
+    real_signal_all(pgid, pids, sig)
+    if sig == signal.SIGTERM and not sent:  # the job's own final stop is under way: scancel lands now
+        sent.append(pgid)
+        print(f"HANDSHAKE stopping {pgid}", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+launch._signal_all = signal_all
+spec = json.loads(open(sys.argv[3]).read())
+sys.exit(run_deployment(spec, sys.argv[4], results_root=sys.argv[5]))
+"""
+
+
+def test_a_signal_while_the_job_stops_its_server_is_a_cancelled_deployment(tmp_path, fake_python):
+    """The job measured its cells and is stopping the server when SIGTERM arrives (the race of the SIGINT and
+    scancel tests): the stop completes, the job records a cancelled deployment and exits 128+SIGTERM."""
+    from specstudy import atomic
+    from test_deploy import BASELINE, fake_engine_section, job_spec
+
+    spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python, env={"FAKE_MODE": "stubborn"},
+                                                            stop_grace_s=2))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "results" / "screen" / "baseline" / "rep1"
+    proc = subprocess.Popen([sys.executable, "-c", JOB, str(ROOT / "scripts"), str(ROOT / "tests"),
+                             str(tmp_path / "spec.json"), str(out), str(tmp_path / "results")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+    try:
+        log, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        log = ""
+        pytest.fail("the job deadlocked: SIGTERM during its final Server.stop never let it finish")
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    pgid = int(next(x for x in log.splitlines() if x.startswith("HANDSHAKE stopping")).split()[-1])
+    assert not [p for p in psutil.process_iter() if _pgid(p) == pgid], "the stubborn server outlived the job"
+    assert not (out / "deployment.json").exists()  # cancelled: nothing published, the study resumes
+    (failure,) = (tmp_path / "results" / "deployment-failures").rglob("failure.json")
+    rec = atomic.read_json(failure)["failure"]
+    assert rec["stage"] == "cancelled" and "while stopping the server" in rec["message"], rec
+    record = atomic.read_json(next((out / "attempts").glob("*/record.json")))
+    assert record["provenance"]["stop"]["sigkill"] is True and record["provenance"]["stop"]["remaining"] == []
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid) if p.status() != psutil.STATUS_ZOMBIE else None
+    except (ProcessLookupError, psutil.Error):
+        return None
