@@ -258,15 +258,15 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
 
 # ------------------------------------------------------------------ server answers and signals (real vLLM)
 
-def _signal_mid_cell(monkeypatch, event: threading.Event, concurrency: int = 2, requests: int = 16) -> None:
+def _signal_mid_cell(monkeypatch, event: threading.Event, want_concurrency: int = 2, want_requests: int = 16) -> None:
     """Set ``event`` when the measured run of the cell at ``concurrency`` has finished its first request (the
     load generator's own per-request callback: a handshake, not a guess at how long warm-up takes)."""
     from specstudy import loadgen
 
     real = loadgen.run_closed_loop
 
-    def run(base_url, model, reqs, conc, **kw):
-        if conc == concurrency and len(reqs) == requests:
+    def run(base_url, model, requests, concurrency, **kw):  # the real names: callers pass them by keyword
+        if concurrency == want_concurrency and len(requests) == want_requests:
             inner = kw.get("on_row")
 
             def on_row(row):
@@ -275,7 +275,7 @@ def _signal_mid_cell(monkeypatch, event: threading.Event, concurrency: int = 2, 
                 event.set()
 
             kw["on_row"] = on_row
-        return real(base_url, model, reqs, conc, **kw)
+        return real(base_url, model, requests, concurrency, **kw)
 
     monkeypatch.setattr(loadgen, "run_closed_loop", run)
 
@@ -419,8 +419,8 @@ def start_server(*a, **kw):
     print(f"HANDSHAKE server-pgid {srv.pgid}", flush=True)
     return srv, backend
 
-def run_closed_loop(base_url, model, reqs, conc, **kw):
-    if conc == 2 and len(reqs) == 16:  # the second cell's measured run
+def run_closed_loop(base_url, model, requests, concurrency, **kw):  # the real names: callers pass them by keyword
+    if concurrency == 2 and len(requests) == 16:  # the second cell's measured run
         inner = kw.get("on_row")
         def on_row(row):
             if inner is not None:
@@ -429,7 +429,7 @@ def run_closed_loop(base_url, model, reqs, conc, **kw):
                 said.set()
                 print("HANDSHAKE c2-measuring", flush=True)
         kw["on_row"] = on_row
-    return real_run(base_url, model, reqs, conc, **kw)
+    return real_run(base_url, model, requests, concurrency, **kw)
 
 launch.start_server, loadgen.run_closed_loop = start_server, run_closed_loop
 spec = json.loads(open(sys.argv[2]).read())
