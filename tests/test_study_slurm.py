@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+# A whole small study (five real deployments through Slurm): longer than the suite's 900-s per-test limit, bounded
+# by its own (each Snakemake run has its timeout; this caps their sum).
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 CELL = "results/screen/{arm}/rep1/code/c1/summary.json"
 
