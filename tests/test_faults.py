@@ -21,7 +21,10 @@ import psutil
 import pytest
 
 from specstudy import atomic
+from test_deploy import fake_python as fake_python  # noqa: F401  (fixture)
 from test_workflow_dag import ROOT, _files, fake_screening, job_counts, sm
+from test_workflow_dag import screened as screened  # noqa: F401  (fixture)
+from test_workflow_dag import screened_template as screened_template  # noqa: F401  (fixture)
 from test_workflow_dag import workdir as workdir  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -38,9 +41,8 @@ def _edit_prereg(workdir: Path) -> None:
     p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))
 
 
-def test_edited_preregistration_stops_every_target_naming_the_field(workdir):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_edited_preregistration_stops_every_target_naming_the_field(screened):
+    workdir = screened
     _edit_prereg(workdir)
     for target in ("confirm", "report", "all", "screen", "results/plan/confirm.json", "capacity"):
         proc = sm(workdir, "-n", target, check=False)
@@ -57,13 +59,13 @@ def test_edited_preregistration_stops_every_target_naming_the_field(workdir):
     assert job_counts(sm(workdir, "-n", "confirm").stdout).get("deploy_confirm", 0) > 0
 
 
-def test_select_refuses_an_edited_preregistration_naming_the_field(workdir):
+def test_select_refuses_an_edited_preregistration_naming_the_field(workdir, monkeypatch):
     fake_screening(workdir)
     _edit_prereg(workdir)
     sys.path.insert(0, str(ROOT / "scripts"))
     from specstudy.select import SelectionError, run_selection
 
-    os.chdir(workdir)
+    monkeypatch.chdir(workdir)
     with pytest.raises(SelectionError, match=r"confirmation\.concurrency: \[1, 4, 8\] -> \[1, 4, 16\]"):
         run_selection("config/config.yaml", "results/screen/prereg-lock.json", [], [], "results/selection/x.json")
 
@@ -74,9 +76,8 @@ def _screen_summaries(workdir: Path) -> list[Path]:
     return sorted((workdir / "results" / "screen").glob("*/rep*/*/c*/summary.json"))
 
 
-def test_truncated_summary_names_the_file_and_the_report_is_never_stale(workdir):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_truncated_summary_names_the_file_and_the_report_is_never_stale(screened):
+    workdir = screened
     selection = workdir / "results" / "selection" / "selection.json"
     report = workdir / "results" / "report" / "report.md"
     report.parent.mkdir(parents=True)
@@ -120,7 +121,8 @@ def test_rerun_command_runs_the_cell_not_all(workdir):
     assert (workdir / cell).exists()
     # the README's old recipe: --forcerun swallows the path and Snakemake plans the default target
     trap = sm(workdir, "-n", "--forcerun", cell, check=False)
-    assert "select" in job_counts(trap.stdout) or "deploy_confirm" in trap.stdout or trap.returncode != 0
+    trapped = job_counts(trap.stdout)
+    assert trap.returncode == 0 and trapped.get("all") == 1 and trapped.get("select") == 1, trap.stdout[-2000:]
 
     proc = subprocess.run([sys.executable, "-m", "specstudy.cli", "rerun", "--profile", "", "--cores", "1", "-n", cell],
                           cwd=workdir, capture_output=True, text=True, timeout=300, env=_env())
@@ -211,10 +213,9 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
     assert (a1 / "capacity" / "knee.json").exists()  # the previous complete result stays on disk
 
 
-def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alone(workdir):
+def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alone(screened):
     """Re-measuring one confirmation cell re-runs its deployment; the capacity search does not re-run."""
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+    workdir = screened
     from specstudy.config import load_config
     from test_workflow_dag import CLEAR, _fake_confirm_rounds, json_writer
 
@@ -256,6 +257,28 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
 
 
 # ------------------------------------------------------------------ server answers and signals (real vLLM)
+
+def _signal_mid_cell(monkeypatch, event: threading.Event, want_concurrency: int = 2, want_requests: int = 16) -> None:
+    """Set ``event`` when the measured run of the cell at ``concurrency`` has finished its first request (the
+    load generator's own per-request callback: a handshake, not a guess at how long warm-up takes)."""
+    from specstudy import loadgen
+
+    real = loadgen.run_closed_loop
+
+    def run(base_url, model, requests, concurrency, **kw):  # the real names: callers pass them by keyword
+        if concurrency == want_concurrency and len(requests) == want_requests:
+            inner = kw.get("on_row")
+
+            def on_row(row):
+                if inner is not None:
+                    inner(row)
+                event.set()
+
+            kw["on_row"] = on_row
+        return real(base_url, model, requests, concurrency, **kw)
+
+    monkeypatch.setattr(loadgen, "run_closed_loop", run)
+
 
 def _group_alive(pgid: int) -> list[int]:
     alive = []
@@ -305,17 +328,25 @@ def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_model
         return srv, backend
 
     monkeypatch.setattr(server_launch, "start_server", launch)
+    c2_measuring = threading.Event()
+    _signal_mid_cell(monkeypatch, c2_measuring)
+    killed = []
 
-    def killer():  # SIGKILL the API server while the second cell is running
-        while not list((out / "attempts").glob("*/code/c2/warmup.jsonl")):
-            time.sleep(0.2)
-        time.sleep(1.0)
-        os.kill(servers[0].pid, signal.SIGKILL)
+    def killer():  # SIGKILL the API server once the second cell's first measured request has finished
+        if c2_measuring.wait(400):
+            os.kill(servers[0].pid, signal.SIGKILL)
+            killed.append(servers[0].pid)
 
-    threading.Thread(target=killer, daemon=True).start()
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
     t0 = time.monotonic()
-    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    try:
+        assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    finally:
+        c2_measuring.set()  # the killer never outlives the test
+        thread.join(timeout=10)
     took = time.monotonic() - t0
+    assert killed, "the second cell never started measuring"
     srv = servers[0]
     assert _group_alive(srv.pgid) == [], "engine processes outlived the killed API server"
     rec = atomic.read_json(out / "deployment.json")
@@ -334,15 +365,19 @@ def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_model
     assert "exited with code -9" in json.dumps(atomic.read_json(c2))
 
 
-@pytest.mark.vllm
-def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, fixture_models, built, vllm_available,
-                                                                     monkeypatch):
+def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, fake_python, monkeypatch):
+    """The job hangs (no request reaches the server): the idle watchdog stops the server and the job records
+    the failure. Only the stop matters here, so the server is the fake (``FAKE_RUNNING=0``: its /metrics shows
+    nothing running, as an idle vLLM's does)."""
     from specstudy import cell as cellmod
     from specstudy.deployment import launch as server_launch
     from specstudy.deployment_run import run_deployment
+    from test_deploy import BASELINE, fake_captures, fake_engine_section, job_spec
 
     monkeypatch.chdir(tmp_path)
-    spec = _vllm_spec(fixture_models, built, [{"workload": "code", "concurrency": 1}], idle_timeout_s=6)
+    fake_captures(monkeypatch)
+    spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python, idle_timeout_s=2,
+                                                            env={"FAKE_RUNNING": "0"}))
     servers = []
     real_launch = server_launch.start_server
 
@@ -353,17 +388,13 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
 
     monkeypatch.setattr(server_launch, "start_server", launch)
 
-    def hung_cell(*a, **kw):  # the job hangs: no request reaches the server
-        deadline = time.monotonic() + 60
-        while servers[0].exited() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+    def hung_cell(*a, **kw):  # the job hangs until the server is gone (the watchdog's stop ends it)
+        servers[0].proc.wait(timeout=60)
         raise RuntimeError("load generator hung")
 
     monkeypatch.setattr(cellmod, "run_cell", hung_cell)
     out = tmp_path / "results" / "screen" / "baseline" / "rep1"
-    t0 = time.monotonic()
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
-    assert time.monotonic() - t0 < 240
     srv = servers[0]
     assert srv.stop_report["reason"] == "idle_timeout" and _group_alive(srv.pgid) == []
     rec = atomic.read_json(out / "deployment.json")
@@ -374,12 +405,85 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
 # ------------------------------------------------------------------ SIGINT to the job's process group
 
 SIGINT_JOB = r"""
-import json, sys, time
+import json, sys, threading
 sys.path.insert(0, sys.argv[1])
+from specstudy import loadgen
+from specstudy.deployment import launch
 from specstudy.deployment_run import run_deployment
+
+real_start, real_run = launch.start_server, loadgen.run_closed_loop
+said = threading.Event()
+
+def start_server(*a, **kw):
+    srv, backend = real_start(*a, **kw)
+    print(f"HANDSHAKE server-pgid {srv.pgid}", flush=True)
+    return srv, backend
+
+def run_closed_loop(base_url, model, requests, concurrency, **kw):  # the real names: callers pass them by keyword
+    if concurrency == 2 and len(requests) == 16:  # the second cell's measured run
+        inner = kw.get("on_row")
+        def on_row(row):
+            if inner is not None:
+                inner(row)
+            if not said.is_set():
+                said.set()
+                print("HANDSHAKE c2-measuring", flush=True)
+        kw["on_row"] = on_row
+    return real_run(base_url, model, requests, concurrency, **kw)
+
+launch.start_server, loadgen.run_closed_loop = start_server, run_closed_loop
 spec = json.loads(open(sys.argv[2]).read())
 sys.exit(run_deployment(spec, sys.argv[3], results_root=sys.argv[4]))
 """
+
+
+class _Lines:
+    """The job's output read line by line in a thread, so that waiting for a line can have a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import queue
+
+        self.seen: list[str] = []
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._q.put(line)
+        self._q.put(None)
+
+    def until(self, wanted: str, deadline: float) -> str:
+        """The first line starting with ``wanted``; the test fails at the deadline or when the job ends first."""
+        import queue
+
+        while True:
+            try:
+                line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {wanted!r} from the job in time; its output:\n{self.text()[-3000:]}")
+            if line is None:
+                pytest.fail(f"the job ended before {wanted!r}; its output:\n{self.text()[-3000:]}")
+            self.seen.append(line)
+            if line.startswith(wanted):
+                return line.strip()
+
+    def text(self) -> str:
+        """Everything read so far (after the job ended: all of it)."""
+        self._thread.join(timeout=5)
+        while not self._q.empty():
+            line = self._q.get()
+            if line is not None:
+                self.seen.append(line)
+        return "".join(self.seen)
+
+
+def _kill_groups(*pgids: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 @pytest.mark.vllm
@@ -393,13 +497,21 @@ def test_sigint_to_the_job_group_stops_the_server_and_keeps_finished_cells(tmp_p
     job = subprocess.Popen([sys.executable, "-c", SIGINT_JOB, str(ROOT / "scripts"), str(tmp_path / "spec.json"),
                             str(out), str(tmp_path / "results")], cwd=tmp_path, process_group=0,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 400
-    while not list((out / "attempts").glob("*/code/c2/warmup.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(job.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group, server included
-    log, _ = job.communicate(timeout=120)
+    lines = _Lines(job)
+    server_pgid = None
+    try:
+        deadline = time.monotonic() + 400
+        server_pgid = int(lines.until("HANDSHAKE server-pgid", deadline).split()[-1])
+        lines.until("HANDSHAKE c2-measuring", deadline)
+        os.killpg(job.pid, signal.SIGINT)  # Ctrl-C reaches the job's foreground group; the server has its own
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            _kill_groups(job.pid, *([server_pgid] if server_pgid else []))
+            job.wait(timeout=30)
+    log = lines.text()
     assert job.returncode == 128 + signal.SIGINT, log[-3000:]
-    assert _group_alive(job.pid) == []
+    assert _group_alive(job.pid) == [] and _group_alive(server_pgid) == [], "the server outlived the cancelled job"
     kept = next((out / "attempts").glob("*/code/c1/summary.json"))
     assert atomic.read_json(kept)["validity"]["valid"]  # the finished cell survives in its attempt
     assert not (out / "deployment.json").exists()  # cancelled: outputs stay missing, the next run resumes
@@ -449,12 +561,11 @@ def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypat
         assert abs(declared.stat().st_mtime - old) < 1e-3, "a reused, unchanged cell got a new time"
 
 
-def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(workdir):
+def test_rewritten_but_unchanged_summaries_do_not_rerun_downstream(screened):
     """A re-run deployment republishes its reused cells byte for byte. Snakemake touches every output of
     a job, but its input checksums (recorded when ``select`` ran) keep unchanged files from re-running
     what reads them; a cell whose content changed does re-run it."""
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+    workdir = screened
     cells = sorted((workdir / "results/screen/baseline/rep1").glob("*/c*/summary.json"))
     later = time.time() + 5
     for f in cells:  # same bytes, new time: what a re-run deployment leaves after Snakemake's touch
@@ -473,7 +584,7 @@ SLOW_SNAKEFILE = """
 rule slow:
     output: "out.txt"
     shell: "trap 'echo TERM >> signals.log; exit 143' TERM; trap 'echo INT >> signals.log; exit 130' INT; \\
-for i in $(seq 1 24); do sleep 0.5; done; echo done > {output}"
+echo HANDSHAKE traps-set; for i in $(seq 1 24); do sleep 0.5; done; echo done > {output}"
 """
 
 
@@ -484,36 +595,30 @@ def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group
     the Snakemake process alone (``kill <pid>``) makes Snakemake wait until the running jobs finish."""
     (tmp_path / "Snakefile").write_text(SLOW_SNAKEFILE)
     proc = subprocess.Popen([*[sys.executable, "-m", "snakemake"], "--cores", "1"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-    deadline = time.monotonic() + 60
-    def running_seq() -> bool:
-        for c in psutil.Process(proc.pid).children(recursive=True):
-            try:  # a child that just exited is a zombie until reaped: its cmdline cannot be read
-                if "seq 1 24" in " ".join(c.cmdline()):
-                    return True
-            except psutil.Error:
-                continue
-        return False
-
-    while time.monotonic() < deadline and not running_seq():
-        time.sleep(0.1)
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    (os.killpg if whole_group else os.kill)(proc.pid, sig)
-    proc.wait(timeout=60)
-    took = time.monotonic() - t0
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+    lines = _Lines(proc)
+    try:
+        lines.until("HANDSHAKE traps-set", time.monotonic() + 60)  # the job runs, its traps are in place
+        t0 = time.monotonic()
+        (os.killpg if whole_group else os.kill)(proc.pid, sig)
+        proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            _kill_groups(proc.pid)
+            proc.wait(timeout=30)
+    out = lines.text()
     seen = (tmp_path / "signals.log").read_text().split() if (tmp_path / "signals.log").exists() else []
-    assert proc.returncode != 0
+    assert proc.returncode != 0, out[-2000:]
     if whole_group:
-        assert seen == [sig.name[3:]] and took < 4 and not (tmp_path / "out.txt").exists()
+        assert seen == [sig.name[3:]] and took < 4 and not (tmp_path / "out.txt").exists(), (seen, took, out[-2000:])
     else:
         assert seen == [] and (tmp_path / "out.txt").exists(), "Snakemake did not wait for the running job"
 
 
 @pytest.mark.parametrize("path", ["results/selection/selection.json", "results/screen/prereg-lock.json"])
-def test_corrupt_file_read_while_planning_names_the_file(workdir, path):
-    fake_screening(workdir)
-    sm(workdir, "results/selection/selection.json")
+def test_corrupt_file_read_while_planning_names_the_file(screened, path):
+    workdir = screened
     f = workdir / path
     f.write_text(f.read_text()[:20])
     proc = sm(workdir, "-n", "confirm", check=False)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import json
-import sys
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -324,21 +321,9 @@ def test_token_level_metrics_with_tiny_tokenizer(tmp_path):
 
 
 def test_capture_greedy_uses_closed_loop_concurrency_1(tmp_path, monkeypatch):
-    calls = {}
-    try:
-        loadgen = importlib.import_module("specstudy.loadgen")
-    except ImportError:
-        @dataclass
-        class RequestSpec:
-            prompt_id: str
-            workload: str
-            messages: list
-            max_tokens: int
-            extra_body: dict = field(default_factory=dict)
+    from specstudy import loadgen
 
-        loadgen = types.ModuleType("specstudy.loadgen")
-        loadgen.RequestSpec = RequestSpec
-        monkeypatch.setitem(sys.modules, "specstudy.loadgen", loadgen)
+    calls = {}
 
     def fake_run(base_url, model, requests, concurrency, **kw):
         calls.update(base_url=base_url, model=model, n=len(requests), concurrency=concurrency, **kw)
@@ -352,7 +337,7 @@ def test_capture_greedy_uses_closed_loop_concurrency_1(tmp_path, monkeypatch):
                          "error": None if ok else "HTTP 500"})
         return types.SimpleNamespace(rows=rows, client={})
 
-    monkeypatch.setattr(loadgen, "run_closed_loop", fake_run, raising=False)
+    monkeypatch.setattr(loadgen, "run_closed_loop", fake_run)
     prompts = [{"prompt_id": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
                {"prompt_id": "bad", "messages": [{"role": "user", "content": "x"}], "max_tokens": 16}]
     out = tmp_path / "smoke" / "capture-1.json"

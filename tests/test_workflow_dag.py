@@ -59,6 +59,26 @@ def workdir(tmp_path: Path) -> Path:
     return workflow_copy(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def screened_template(tmp_path_factory) -> Path:
+    """Built once per module: a workflow copy with faked screening outputs and the real ``select`` run on them."""
+    import contextlib
+
+    root = workflow_copy(tmp_path_factory.mktemp("screened"))
+    with contextlib.chdir(os.getcwd()):  # fake_planned plans inside the copy; the module's tests start where they did
+        fake_screening(root)
+    sm(root, "results/selection/selection.json")
+    return root
+
+
+@pytest.fixture()
+def screened(screened_template: Path, tmp_path: Path) -> Path:
+    """A test's own copy of :func:`screened_template` (times kept: Snakemake sees the same up-to-date outputs)."""
+    dest = tmp_path / "workflow"
+    shutil.copytree(screened_template, dest, symlinks=True, ignore=shutil.ignore_patterns("log"))
+    return dest
+
+
 def _corpus_dirs(workdir: Path, config: str = "config/config.yaml") -> dict[str, str]:
     cfg = yaml.safe_load((workdir / config).read_text())
     specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])

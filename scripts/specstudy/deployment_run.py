@@ -600,7 +600,13 @@ def _stop(job: _Job) -> None:
                      f"server idle for more than {job.eng['idle_timeout_s']} s; stopped by the watchdog")
     job.progress.set_context("")
     job.progress.phase("stop")
-    job.stop_info = job.server.stop(grace_s=job.grace_s) if job.server is not None else None
+    try:
+        job.stop_info = job.server.stop(grace_s=job.grace_s) if job.server is not None else None
+    except readiness.TerminatedBySignal as exc:  # SIGTERM/SIGINT while stopping: the stop completed first
+        job.stop_info = job.server.stop_report
+        job.cancelled_code = 128 + exc.signum
+        job.fail("cancelled", "signal", f"job received signal {exc.signum} while stopping the server",
+                 job.cancelled_code)
     job.times["stop"] = utcnow()
     job.progress.end_phase()
     log_path = job.attempt / "launch.log"

@@ -47,8 +47,8 @@ class ServerDeathWatch:
             return
 
     def _stopped_by_us(self) -> bool:
-        lock = getattr(self.server, "_stop_lock", None)
-        return self.server.stop_report is not None or bool(lock is not None and lock.locked())
+        stopping = getattr(self.server, "stopping", None)
+        return self.server.stop_report is not None or bool(stopping)
 
     @property
     def died(self) -> bool:

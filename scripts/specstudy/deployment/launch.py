@@ -59,7 +59,11 @@ class Server:
     launch_info: dict = field(default_factory=dict)  # environment the launcher added, compile cache at launch
     _reader: threading.Thread | None = None
     _lock_fh: Any = None
-    _stop_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Re-entrant: a signal handler runs in the main thread between any two of its bytecodes, also inside
+    # this thread's own ``stop`` (see :meth:`stop_from_signal`); a plain Lock deadlocks there.
+    _stop_lock: threading.RLock = field(default_factory=threading.RLock)
+    _stopping: bool = False  # a stop is under way (set under ``_stop_lock``, before any signal is sent)
+    _deferred: list = field(default_factory=list)  # exceptions a signal handler left for the running stop
 
     @property
     def pid(self) -> int:
@@ -72,25 +76,55 @@ class Server:
     def exited(self) -> int | None:
         return self.proc.poll()
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was made or is under way (by the job, the idle watchdog, a death watch or a signal handler)."""
+        return self.stop_report is not None or self._stopping
+
     def stop(self, grace_s: float = 30.0, reason: str = "finished") -> dict:
         """SIGTERM to the process group, wait ``grace_s``, SIGKILL; verify nothing of the group remains.
 
         Idempotent and thread-safe (the idle watchdog, a signal handler and ``finally`` may all call it).
+        An exception a signal handler deferred while this stop ran (:meth:`stop_from_signal`) is raised
+        once the stop is complete.
         """
         with self._stop_lock:
             if self.stop_report is not None:
                 return self.stop_report
-            self.stop_report = stop_process_group(self.proc, grace_s=grace_s, reason=reason)
-            self.stopped_at = utcnow()
-            if self._reader is not None:
-                self._reader.join(timeout=5)
-            if self._lock_fh is not None:
-                try:
-                    self._lock_fh.close()
-                except OSError:
-                    pass
-                self._lock_fh = None
-            return self.stop_report
+            self._stopping = True
+            try:
+                report = stop_process_group(self.proc, grace_s=grace_s, reason=reason)
+                self.stopped_at = utcnow()
+                self.stop_report = report
+                if self._reader is not None:
+                    self._reader.join(timeout=5)
+                if self._lock_fh is not None:
+                    try:
+                        self._lock_fh.close()
+                    except OSError:
+                        pass
+                    self._lock_fh = None
+            finally:
+                self._stopping = False
+        if self._deferred:
+            raise self._deferred.pop(0)
+        return report
+
+    def stop_from_signal(self, exc: BaseException, *, grace_s: float = 30.0, reason: str = "signal") -> None:
+        """Stop the server from a signal handler, then raise ``exc`` (e.g. ``TerminatedBySignal``).
+
+        The handler runs in the main thread, which may be inside :meth:`stop` itself (the job's
+        ``finally``, a death watch's stop is another thread's): then the running stop is left to finish
+        (signals sent, grace period, SIGKILL, verification) and raises ``exc`` when done; the handler
+        returns at once. A stop under way in another thread (idle watchdog) is waited for. Otherwise the
+        handler stops the server itself.
+        """
+        with self._stop_lock:  # re-entrant: never blocks on this thread's own stop
+            if self._stopping:
+                self._deferred.append(exc)
+                return
+        self.stop(grace_s=grace_s, reason=reason)
+        raise exc
 
     def times(self) -> dict:
         return {"start": self.started_at, "ready": self.ready_at, "stop": self.stopped_at}

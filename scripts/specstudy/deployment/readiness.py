@@ -168,9 +168,10 @@ def stop_on_signals(server_getter, *, grace_s: float = 30.0, signals=(signal.SIG
 
     def handler(signum, frame):
         srv = server_getter() if callable(server_getter) else server_getter
-        if srv is not None:
-            srv.stop(grace_s=grace_s, reason=f"signal {signal.Signals(signum).name}")
-        raise TerminatedBySignal(signum)
+        if srv is None:
+            raise TerminatedBySignal(signum)
+        # may interrupt this thread's own Server.stop: that stop finishes, then raises (Server.stop_from_signal)
+        srv.stop_from_signal(TerminatedBySignal(signum), grace_s=grace_s, reason=f"signal {signal.Signals(signum).name}")
 
     for sig in signals:
         previous[sig] = signal.signal(sig, handler)
