@@ -345,15 +345,22 @@ def _resampled(comps: list[dict], picks: list) -> list[dict]:
 def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[str], concs: list,
               weights: dict[str, float], route_by_workload: bool = False, resamples: int = 500,
               seed: int = 7) -> dict:
-    """Recompute the whole decision on bootstrap resamples of the rounds (all arms and cells of a round move together)."""
+    """Recompute the whole decision on bootstrap resamples of the rounds (all arms and cells of a round move together).
+
+    A resample that draws fewer than two distinct rounds is excluded and redrawn: its per-cell spread is zero, its
+    interval has zero width and its verdict is its point estimate, which no real study with that many rounds can
+    produce (with [1.10, 1.20, 0.95] on one cell, every "enable" came from resamples of one round drawn three
+    times). ``degenerate_excluded`` counts the redrawn ones; ``resamples`` counts those kept."""
     import numpy as np
 
     reps = sorted({r["rep"] for c in comps for r in c["repeats"]}, key=str)
     observed = decide(comps, gate_by_arm, rule, workloads, concs, weights, route_by_workload)
     obs_label = decision_label(observed)
     out: dict[str, Any] = {"resamples": 0, "rounds": len(reps), "observed": obs_label, "outcomes": {},
-                           "agreement": None, "drivers": [], "method": "bootstrap over rounds (paired: every arm and "
-                           "cell of a resampled round moves together); the whole rule recomputed on each resample"}
+                           "agreement": None, "drivers": [], "degenerate_excluded": 0,
+                           "method": "bootstrap over rounds (paired: every arm and cell of a resampled round moves "
+                           "together); the whole rule recomputed on each resample; resamples with fewer than two "
+                           "distinct rounds (zero spread, zero-width intervals) are excluded and redrawn"}
     if len(reps) < 2:
         out["note"] = "fewer than 2 rounds: stability not estimable"
         return out
@@ -363,8 +370,13 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     flips: dict[tuple, int] = {}
     flips_when_changed: dict[tuple, int] = {}
     changed = 0
-    for _ in range(resamples):
+    kept = 0
+    while kept < resamples:
         picks = [reps[i] for i in rng.integers(0, len(reps), size=len(reps))]
+        if len(set(picks)) < 2:  # degenerate: one round drawn every time
+            out["degenerate_excluded"] += 1
+            continue
+        kept += 1
         res = decide(_resampled(comps, picks), gate_by_arm, rule, workloads, concs, weights, route_by_workload)
         lab = decision_label(res)
         counts[lab] = counts.get(lab, 0) + 1

@@ -523,7 +523,7 @@ GATE_RULE = ("A candidate is eligible only with a correctness-gate verdict 'pass
 
 
 def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None,
-              gate_phase: str | None = None) -> dict:
+              gate_phase: str | None = None, with_stability: bool = True) -> dict:
     """Decide which speculative setting (if any) to enable; a pure function of its inputs.
 
     The rule (:mod:`specstudy.decision`, declared in the pre-registration): three-way cell verdicts from
@@ -571,6 +571,7 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]),
                           gate_phase=gate_phase, other_gates=other)
     out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
-    out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
-                                          bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
+    if with_stability:  # the final candidate needs the decision only, not its bootstrap
+        out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
+                                              bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
     return out
