@@ -75,6 +75,68 @@ def check_prereg(prereg: dict, source: str = "<pre-registration>") -> None:
         raise DecisionRuleError(f"{source}: invalid stopping/decision rule:\n  - " + "\n  - ".join(problems))
 
 
+#: Config fields that moved into the pre-registration's ``traffic`` section (issue 28).
+MOVED_TO_TRAFFIC = {"traffic_mix": "traffic.mixture", "route_by_workload": "traffic.route_by_workload"}
+#: What the mixture's weights mean; :func:`specstudy.stats._mixture` computes the mixture speedup from them.
+SHARES = "output_tokens"
+
+
+def refuse_config_traffic(config: dict | None, source: str = "<config>") -> None:
+    """A config that still sets the traffic mixture or routing outside the pre-registration is refused."""
+    rec = (config or {}).get("recommendation") or {}
+    found = [k for k in MOVED_TO_TRAFFIC if k in rec]
+    if found:
+        raise DecisionRuleError(
+            f"{source}: " + "; ".join(
+                f"field 'recommendation.{k}' is no longer read from the config: declare it in the pre-registration "
+                f"as '{MOVED_TO_TRAFFIC[k]}' (locked by its hash before screening) and remove it here" for k in found))
+
+
+def check_traffic(prereg: dict, workloads, source: str = "<pre-registration>") -> None:
+    """The pre-registration's ``traffic`` section: present, weights summing to 1, known workloads, and no
+    mixture in a routed study (the schema checks the types)."""
+    t = prereg.get("traffic")
+    if not isinstance(t, dict):
+        raise DecisionRuleError(
+            f"{source}: field 'traffic': missing; declare how traffic reaches the setting, e.g. traffic: "
+            "{route_by_workload: false, shares: output_tokens, mixture: {open_chat: 0.5, code: 0.3, summarization: 0.2}}")
+    problems = []
+    mix = t.get("mixture")
+    if t.get("route_by_workload"):
+        if mix is not None:
+            problems.append("field 'traffic.mixture': a routed study (traffic.route_by_workload: true) decides per "
+                            "workload and evaluates no mixture; set mixture: null, or route_by_workload: false")
+    elif mix is None:
+        problems.append("field 'traffic.mixture': required when traffic.route_by_workload is false (one deployment "
+                        "serves the mixture); give every workload its output-token share")
+    if isinstance(mix, dict):
+        known = list(workloads or [])
+        unknown = [w for w in mix if known and w not in known]
+        if unknown:
+            problems.append(f"field 'traffic.mixture': {', '.join(map(repr, unknown))} not a workload of the study "
+                            f"(corpora.workloads: {', '.join(known)})")
+        total = math.fsum(float(v) for v in mix.values())
+        if abs(total - 1.0) > 1e-6:
+            problems.append(f"field 'traffic.mixture': the shares sum to {total:.6g}, not 1; make them output-token "
+                            "shares that add up to 1")
+    if problems:
+        raise DecisionRuleError(f"{source}: invalid traffic declaration:\n  - " + "\n  - ".join(problems))
+
+
+def traffic_from(prereg: dict | None, workloads) -> dict:
+    """Mixture weights (output-token shares) and routing: the pre-registration's ``traffic`` section, else equal
+    shares over ``workloads``, one deployment (flagged in ``source``)."""
+    t = (prereg or {}).get("traffic")
+    if isinstance(t, dict):
+        routed = bool(t["route_by_workload"])
+        mix = None if routed else {w: float(v) for w, v in t["mixture"].items()}
+        return {"route_by_workload": routed, "shares": t.get("shares", SHARES), "mixture": mix,
+                "source": "pre-registration traffic"}
+    ws = list(workloads)
+    return {"route_by_workload": False, "shares": SHARES, "mixture": {w: 1.0 / len(ws) for w in ws} if ws else {},
+            "source": "no traffic section in a pre-registration: equal output-token shares, one deployment"}
+
+
 def rule_from(config: dict | None = None, prereg: dict | None = None) -> dict:
     """The decision rule: from the pre-registration when it declares one, else from the config (flagged)."""
     from . import stats
