@@ -638,7 +638,11 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
                        f"at {rule.get('look_confidence', 0):.4f} per look = {rule.get('confidence', 0):.0%} "
                        + (f"Bonferroni-corrected over {rule.get('looks')} possible looks "
                           f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')})"
-                          if rule.get("correction") == "bonferroni" else f"without a correction for looks ({rule.get('looks')})")
+                          if rule.get("correction") == "bonferroni"
+                          else (f"at the last look, O'Brien–Fleming alpha spending over {rule.get('looks')} possible looks "
+                                f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')}; earlier "
+                                "looks spend less)" if rule.get("correction") == "obrien_fleming"
+                                else f"without a correction for looks ({rule.get('looks')})"))
                        + f"; non-inferiority required on {rule.get('non_inferiority_on')}. Verdicts: gain (interval "
                          f"above {1 + rec['min_gain']:.2f}), regression (below {1 - rec['max_regression']:.2f}), "
                          f"non-inferior (above {1 - rec['max_regression']:.2f}), otherwise inconclusive."))
