@@ -196,6 +196,13 @@ def load_prereg(cfg: dict) -> dict:
     try:
         check_prereg(data, str(path))
         check_traffic(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
+        from .capacity_criteria import CapacityCriteriaError
+        from .capacity_criteria import check as check_capacity_criteria
+
+        try:
+            check_capacity_criteria(data, bool((cfg.get("capacity") or {}).get("enabled")), str(path))
+        except CapacityCriteriaError as exc:
+            raise DecisionRuleError(str(exc)) from None
     except DecisionRuleError as exc:
         raise ConfigError(str(exc)) from None
     return data
