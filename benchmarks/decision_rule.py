@@ -64,14 +64,20 @@ def main(argv=None) -> int:
     ap.add_argument("--coverage-sims", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="also write the results as JSON here")
+    ap.add_argument("--designs", action="store_true",
+                    help="only the issue-28 table: candidate designs against the targets, per environment")
+    ap.add_argument("--h200-sigma", type=float, default=None,
+                    help="between-deployment SD of log speedups measured on the H200 (none is at hand in the repo)")
     args = ap.parse_args(argv)
+    if args.designs:
+        return designs_table(args)
     t0 = time.time()
     cfg = load_config(args.config)
     prereg = load_prereg(cfg)
     rule = decision.rule_from(cfg, prereg)
     workloads = list(cfg["corpora"]["workloads"])
     concs = list(prereg["confirmation"]["concurrency"])
-    mix = (cfg.get("recommendation") or {}).get("traffic_mix") or {w: 1.0 for w in workloads}
+    mix = decision.traffic_from(prereg, workloads)["mixture"] or {w: 1.0 for w in workloads}  # output-token shares
     weights = [float(mix.get(w, 0.0)) for w in workloads]
     w_of = [i for i in range(len(workloads)) for _ in concs]
     c_of = [c for _ in workloads for c in concs]
@@ -133,6 +139,93 @@ def main(argv=None) -> int:
     print(f"\n({time.time() - t0:.1f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def designs_table(args) -> int:
+    """Issue 28: P(enable) of candidate designs in the three target scenarios, per environment's spread."""
+    t0 = time.time()
+    cfg = load_config(args.config)
+    prereg = load_prereg(cfg)
+    rule = decision.rule_from(cfg, prereg)
+    workloads = list(cfg["corpora"]["workloads"])
+    concs = list(prereg["confirmation"]["concurrency"])
+    mix = decision.traffic_from(prereg, workloads)["mixture"] or {w: 1.0 for w in workloads}
+    weights = [float(mix.get(w, 0.0)) for w in workloads]
+    w_of = [i for i in range(len(workloads)) for _ in concs]
+    c_of = [c for _ in workloads for c in concs]
+    neutral = workloads.index("code") if "code" in workloads else 0
+    gain_truth, x = simulate.neutral_gain_truth(workloads, weights, concs, neutral, 1.10)
+    lossy = min(range(len(workloads)), key=lambda i: weights[i])
+    truths = {"gain10_one_neutral": gain_truth,
+              "loss5_one_workload": [0.95 if w_of[i] == lossy else 1.20 for i in range(len(w_of))],
+              "null": [1.0] * len(w_of)}
+    alpha = 1 - rule["confidence"]
+    ini, cap = rule["initial_repeats"], rule["max_repeats"]
+
+    def bonf(d):
+        k = d["cap"] - d["initial"] + 1
+        return [1 - alpha / k] * k
+
+    def obf(d):
+        conf = decision.obrien_fleming_confidences(alpha, d["initial"], d["cap"])
+        return [conf[n] for n in range(d["initial"], d["cap"] + 1)]
+
+    designs = [
+        ("pre-registered: NI on every cell (d 2%), gain > 5% shown, Bonferroni, 3→5",
+         {"kind": "noninferiority", "min_gain": 0.05, "max_regression": 0.02, "initial": ini, "cap": cap}, bonf),
+        ("literal: mixture gain > 0 shown, no regression > 2% shown, Bonferroni, 3→5",
+         {"kind": "literal", "min_gain": 0.0, "max_regression": 0.02, "initial": ini, "cap": cap}, bonf),
+        ("literal: mixture gain > 0 shown, no regression > 2% shown, O'Brien–Fleming, 3→5",
+         {"kind": "literal", "min_gain": 0.0, "max_regression": 0.02, "initial": ini, "cap": cap},
+         obf),
+        ("NI on every cell at an operational margin d 5%, gain > 0 shown, Bonferroni, 3→5",
+         {"kind": "noninferiority", "min_gain": 0.0, "max_regression": 0.05, "initial": ini, "cap": cap}, bonf),
+        ("NI on every cell (d 5%), gain > 0 shown, O'Brien–Fleming, 3→10",
+         {"kind": "noninferiority", "min_gain": 0.0, "max_regression": 0.05, "initial": ini, "cap": 10},
+         obf),
+        ("literal (d 2%), gain > 0 shown, O'Brien–Fleming, 3→10",
+         {"kind": "literal", "min_gain": 0.0, "max_regression": 0.02, "initial": ini, "cap": 10},
+         obf),
+    ]
+    envs = [(s, why) for s, why in _sigmas(args) if s != 0.03][:1]
+    envs = [(s, "embedded CPU: " + why) for s, why in envs]
+    if args.h200_sigma is not None:
+        envs.append((args.h200_sigma, "H200: --h200-sigma"))
+    envs.append((0.03, "cluster-like: declared 3 %"))
+    print("# Issue 28: candidate decision rules against the targets\n")
+    print(f"Cells: {len(workloads)} workloads × concurrency {concs}, traffic (output-token shares) "
+          f"{dict(zip(workloads, weights, strict=True))}; ρ = {args.rho}; {args.sims} simulated studies per entry, "
+          "log-normal deployment effects. Scenarios: 'gain10': a true 10 % mixture gain with "
+          f"{workloads[neutral]} neutral (1.00) and {x:.3f} on the others; 'loss5': 0.95 on {workloads[lossy]} "
+          "(the smallest share), 1.20 elsewhere; 'null': 1.00 everywhere. Targets: P(enable | gain10) ≥ 0.80, "
+          "P(enable | loss5) ≤ 0.05, P(enable | null) ≤ 0.05.\n")
+    print("| σ (log) | environment | design | P(enable \\| gain10) | P(enable \\| loss5) | P(enable \\| null) | "
+          "E[rounds] gain10 | meets targets |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for sigma, why in envs:
+        for label, design, confs in designs:
+            d = dict(design, confidences=confs(design))
+            oc = {name: simulate.design_oc(t, d, w_of, c_of, weights, sigma, args.rho, args.sims, args.seed)
+                  for name, t in truths.items()}
+            ok = all((oc[k]["p_enable"] >= v) if op == ">=" else (oc[k]["p_enable"] <= v)
+                     for k, (op, v) in simulate.TARGETS.items())
+            row = {"sigma": sigma, "environment": why, "design": label,
+                   **{f"p_enable_{k}": oc[k]["p_enable"] for k in truths},
+                   "rounds_gain": oc["gain10_one_neutral"]["mean_rounds"], "meets_targets": ok}
+            rows.append(row)
+            print(f"| {sigma:.3f} | {why.split(':')[0]} | {label} | {row['p_enable_gain10_one_neutral']:.3f} | "
+                  f"{row['p_enable_loss5_one_workload']:.3f} | {row['p_enable_null']:.3f} | {row['rounds_gain']:.2f} | "
+                  f"{'yes' if ok else 'no'} |")
+    print()
+    for sigma, why in envs:
+        print(f"- σ = {sigma:.3f}: {why}")
+    if args.h200_sigma is None:
+        print("- H200: no between-deployment spread has been measured in this repository; pass --h200-sigma")
+    print(f"\n({time.time() - t0:.1f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"designs": rows}, indent=1))
     return 0
 
 

@@ -16,6 +16,7 @@ PREREG = {"version": 1,
           "confirmation": {"concurrency": [1, 8], "repeats": 3,
                            "stopping": {"max_repeats": 5, "correction": "bonferroni"},
                            "decision": {"min_gain": 0.05, "max_regression": 0.02, "confidence": 0.95}},
+          "traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": {"code": 0.6, "chat": 0.4}},
           "gate": {"margins": {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
                                "max_completion_token_difference": 4}}}
 RULE = decision.rule_from(None, PREREG)

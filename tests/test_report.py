@@ -29,6 +29,7 @@ def _prereg(tmp_path):
 
     prereg = yaml.safe_load((REPO_ROOT / "config" / "preregistration.yaml").read_text())
     next(h for h in prereg["hypotheses"] if h["id"] == "H2")["roles"]["low"] = "chat"
+    prereg["traffic"]["mixture"] = {"chat": 0.5, "code": 0.3, "summarization": 0.2}  # the same rename
     # The fixture tree has its 3 rounds and no adaptive look left: one look, no correction for repeated looks.
     prereg["confirmation"]["stopping"]["max_repeats"] = prereg["confirmation"]["repeats"]
     p = tmp_path / "prereg.yaml"

@@ -131,19 +131,23 @@ def test_recommend_lose_and_mixed():
     assert any("regression shown" in b and "chat@c1" in b for b in rec["candidates"][0]["blockers"])
     # mixed: wins on code, flat on chat; with 3 repeats a 2% loss on chat is not excluded -> inconclusive, blocks
     mixed = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, FLAT)]
-    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.9, "chat": 0.1}}})
+    def traffic(mix=None, routed=False):  # the traffic section of a pre-registration (issue 28: not the config)
+        return {"traffic": {"route_by_workload": routed, "shares": "output_tokens", "mixture": mix}}
+
+    rec = stats.recommend(mixed, GATE_PASS, None, traffic({"code": 0.9, "chat": 0.1}))
     assert rec["decision"] == "do_not_enable"
     assert rec["candidates"][0]["status"]["chat@c1"] == "inconclusive"
     assert rec["undecided"][0]["what"] == "chat@c1"
+    assert rec["traffic"]["mixture"] == {"code": 0.9, "chat": 0.1} and rec["traffic"]["shares"] == "output_tokens"
     # non-inferiority declared on the traffic mixture: the code-heavy mixture is enabled, the chat-heavy one not
     prereg = {"confirmation": {"repeats": 3, "stopping": {"max_repeats": 5, "correction": "none"},
                                "decision": {"min_gain": 0.05, "max_regression": 0.02, "non_inferiority_on": "mixture"}}}
-    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.9, "chat": 0.1}}}, prereg)
+    rec = stats.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.9, "chat": 0.1})})
     assert rec["decision"] == "enable"
-    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"traffic_mix": {"code": 0.05, "chat": 0.95}}}, prereg)
+    rec = stats.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.05, "chat": 0.95})})
     assert rec["decision"] == "do_not_enable"
     # routed by workload: enable for code only
-    rec = stats.recommend(mixed, GATE_PASS, {"recommendation": {"route_by_workload": True}})
+    rec = stats.recommend(mixed, GATE_PASS, None, traffic(None, routed=True))
     assert rec["decision"] == "enable_per_workload"
     assert rec["per_workload"] == {"chat": None, "code": "draft-k3-tp4"}
 

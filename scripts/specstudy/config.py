@@ -87,6 +87,12 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
                             f"({', '.join(cfg['corpora']['workloads'])})")
     problems.extend(_scale_model_problems(cfg, source))
+    from .decision import MOVED_TO_TRAFFIC
+
+    for k, dest in MOVED_TO_TRAFFIC.items():
+        if k in (cfg.get("recommendation") or {}):
+            problems.append(f"field 'recommendation.{k}': no longer read from the config; declare it in the "
+                            f"pre-registration as '{dest}' (locked by its hash before screening) and remove it here")
     cap = cfg.get("capacity") or {}
     if cap.get("enabled") and cap.get("workload") not in cfg["corpora"]["workloads"]:
         problems.append(f"field 'capacity.workload': {cap.get('workload')!r} is not a workload in corpora.workloads")
@@ -204,10 +210,18 @@ def load_prereg(cfg: dict) -> dict:
             validate_settings(data["sampling"], str(path))
         except SamplingInputError as exc:
             raise ConfigError(str(exc)) from None
-    from .decision import DecisionRuleError, check_prereg
+    from .decision import DecisionRuleError, check_prereg, check_traffic
 
     try:
         check_prereg(data, str(path))
+        check_traffic(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
+        from .capacity_criteria import CapacityCriteriaError
+        from .capacity_criteria import check as check_capacity_criteria
+
+        try:
+            check_capacity_criteria(data, bool((cfg.get("capacity") or {}).get("enabled")), str(path))
+        except CapacityCriteriaError as exc:
+            raise DecisionRuleError(str(exc)) from None
     except DecisionRuleError as exc:
         raise ConfigError(str(exc)) from None
     return data

@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Any
 
 VERDICTS = ("gain", "non_inferior", "inconclusive", "regression", "missing")
-CORRECTIONS = ("bonferroni", "none")
+CORRECTIONS = ("bonferroni", "obrien_fleming", "none")
 SCOPES = ("cells", "mixture")
 MAX_EXTRA_REPEATS = 100
 
@@ -75,6 +75,68 @@ def check_prereg(prereg: dict, source: str = "<pre-registration>") -> None:
         raise DecisionRuleError(f"{source}: invalid stopping/decision rule:\n  - " + "\n  - ".join(problems))
 
 
+#: Config fields that moved into the pre-registration's ``traffic`` section (issue 28).
+MOVED_TO_TRAFFIC = {"traffic_mix": "traffic.mixture", "route_by_workload": "traffic.route_by_workload"}
+#: What the mixture's weights mean; :func:`specstudy.stats._mixture` computes the mixture speedup from them.
+SHARES = "output_tokens"
+
+
+def refuse_config_traffic(config: dict | None, source: str = "<config>") -> None:
+    """A config that still sets the traffic mixture or routing outside the pre-registration is refused."""
+    rec = (config or {}).get("recommendation") or {}
+    found = [k for k in MOVED_TO_TRAFFIC if k in rec]
+    if found:
+        raise DecisionRuleError(
+            f"{source}: " + "; ".join(
+                f"field 'recommendation.{k}' is no longer read from the config: declare it in the pre-registration "
+                f"as '{MOVED_TO_TRAFFIC[k]}' (locked by its hash before screening) and remove it here" for k in found))
+
+
+def check_traffic(prereg: dict, workloads, source: str = "<pre-registration>") -> None:
+    """The pre-registration's ``traffic`` section: present, weights summing to 1, known workloads, and no
+    mixture in a routed study (the schema checks the types)."""
+    t = prereg.get("traffic")
+    if not isinstance(t, dict):
+        raise DecisionRuleError(
+            f"{source}: field 'traffic': missing; declare how traffic reaches the setting, e.g. traffic: "
+            "{route_by_workload: false, shares: output_tokens, mixture: {open_chat: 0.5, code: 0.3, summarization: 0.2}}")
+    problems = []
+    mix = t.get("mixture")
+    if t.get("route_by_workload"):
+        if mix is not None:
+            problems.append("field 'traffic.mixture': a routed study (traffic.route_by_workload: true) decides per "
+                            "workload and evaluates no mixture; set mixture: null, or route_by_workload: false")
+    elif mix is None:
+        problems.append("field 'traffic.mixture': required when traffic.route_by_workload is false (one deployment "
+                        "serves the mixture); give every workload its output-token share")
+    if isinstance(mix, dict):
+        known = list(workloads or [])
+        unknown = [w for w in mix if known and w not in known]
+        if unknown:
+            problems.append(f"field 'traffic.mixture': {', '.join(map(repr, unknown))} not a workload of the study "
+                            f"(corpora.workloads: {', '.join(known)})")
+        total = math.fsum(float(v) for v in mix.values())
+        if abs(total - 1.0) > 1e-6:
+            problems.append(f"field 'traffic.mixture': the shares sum to {total:.6g}, not 1; make them output-token "
+                            "shares that add up to 1")
+    if problems:
+        raise DecisionRuleError(f"{source}: invalid traffic declaration:\n  - " + "\n  - ".join(problems))
+
+
+def traffic_from(prereg: dict | None, workloads) -> dict:
+    """Mixture weights (output-token shares) and routing: the pre-registration's ``traffic`` section, else equal
+    shares over ``workloads``, one deployment (flagged in ``source``)."""
+    t = (prereg or {}).get("traffic")
+    if isinstance(t, dict):
+        routed = bool(t["route_by_workload"])
+        mix = None if routed else {w: float(v) for w, v in t["mixture"].items()}
+        return {"route_by_workload": routed, "shares": t.get("shares", SHARES), "mixture": mix,
+                "source": "pre-registration traffic"}
+    ws = list(workloads)
+    return {"route_by_workload": False, "shares": SHARES, "mixture": {w: 1.0 / len(ws) for w in ws} if ws else {},
+            "source": "no traffic section in a pre-registration: equal output-token shares, one deployment"}
+
+
 def rule_from(config: dict | None = None, prereg: dict | None = None) -> dict:
     """The decision rule: from the pre-registration when it declares one, else from the config (flagged)."""
     from . import stats
@@ -99,6 +161,9 @@ def rule_from(config: dict | None = None, prereg: dict | None = None) -> dict:
                 "initial_repeats": None, "max_repeats": None, "correction": "none", "notes": []}
     rule["looks"] = looks(rule)
     rule["look_confidence"] = look_confidence(rule)
+    if rule.get("correction") == "obrien_fleming" and rule.get("max_repeats") is not None:
+        rule["look_confidences"] = obrien_fleming_confidences(1 - rule["confidence"], rule["initial_repeats"],
+                                                              rule["max_repeats"])
     return rule
 
 
@@ -109,10 +174,42 @@ def looks(rule: dict) -> int:
 
 
 def look_confidence(rule: dict) -> float:
-    """Confidence of every interval at every look (Bonferroni over the K possible looks)."""
+    """Confidence of every interval at every look (Bonferroni over the K possible looks); with
+    ``obrien_fleming`` the confidence at the cap (the last look; earlier looks: :func:`look_confidences`)."""
     alpha = 1 - float(rule["confidence"])
+    if rule.get("correction") == "obrien_fleming" and rule.get("max_repeats") is not None:
+        return obrien_fleming_confidences(alpha, int(rule["initial_repeats"]), int(rule["max_repeats"]))[
+            int(rule["max_repeats"])]
     k = looks(rule) if rule.get("correction", "none") == "bonferroni" else 1
     return 1 - alpha / k
+
+
+def obrien_fleming_confidences(alpha: float, initial: int, cap: int) -> dict[int, float]:
+    """Per-look two-sided interval confidence after n = initial..cap rounds under an O'Brien–Fleming-type
+    alpha-spending function (Lan–DeMets: α(t) = 2 − 2Φ(z_{α/2} / √t), information fraction t = n / cap).
+
+    Look n spends α(t_n) − α(t_{n−1}) (the first look spends α(t_initial)); the increments sum to α, so by
+    Bonferroni's inequality over the looks the chance of any false verdict on a cell is at most α whatever
+    the dependence between looks, as with ``bonferroni``, but the early looks spend almost nothing and the
+    late ones most of α (at 3 → 10 rounds: 0.9997 at round 3, 0.9888 at round 10, against 0.99375 at
+    every look with Bonferroni)."""
+    from scipy.stats import norm
+
+    z = norm.ppf(1 - alpha / 2)
+    spent = {n: 2 - 2 * norm.cdf(z / math.sqrt(n / cap)) for n in range(initial, cap + 1)}
+    out, prev = {}, 0.0
+    for n in range(initial, cap + 1):
+        out[n] = float(1 - max(spent[n] - prev, 1e-12))
+        prev = float(spent[n])
+    return out
+
+
+def confidence_at(rule: dict, n: int) -> float:
+    """The interval confidence of a cell with ``n`` rounds: the look at n rounds under the rule's correction."""
+    per = rule.get("look_confidences") or {}
+    if not per:
+        return rule["look_confidence"]
+    return per.get(n, per[min(per)] if n < min(per) else per[max(per)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +264,7 @@ def extra_repeats_to_settle(mean: float, sd: float, n: int, bound: float, confid
 def judge(values: list[float], rule: dict, target: str = "non_inferiority") -> dict:
     """Verdict of one cell (or mixture level) from its per-round speedups."""
     vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
-    conf = rule["look_confidence"]
+    conf = confidence_at(rule, len(vals))
     out: dict[str, Any] = {"n": len(vals), "values": vals, "geomean": None, "lo": None, "hi": None,
                            "confidence": conf, "verdict": "missing", "extra_repeats": None}
     iv = log_interval([math.log(v) for v in vals], conf)
@@ -345,15 +442,22 @@ def _resampled(comps: list[dict], picks: list) -> list[dict]:
 def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[str], concs: list,
               weights: dict[str, float], route_by_workload: bool = False, resamples: int = 500,
               seed: int = 7) -> dict:
-    """Recompute the whole decision on bootstrap resamples of the rounds (all arms and cells of a round move together)."""
+    """Recompute the whole decision on bootstrap resamples of the rounds (all arms and cells of a round move together).
+
+    A resample that draws fewer than two distinct rounds is excluded and redrawn: its per-cell spread is zero, its
+    interval has zero width and its verdict is its point estimate, which no real study with that many rounds can
+    produce (with [1.10, 1.20, 0.95] on one cell, every "enable" came from resamples of one round drawn three
+    times). ``degenerate_excluded`` counts the redrawn ones; ``resamples`` counts those kept."""
     import numpy as np
 
     reps = sorted({r["rep"] for c in comps for r in c["repeats"]}, key=str)
     observed = decide(comps, gate_by_arm, rule, workloads, concs, weights, route_by_workload)
     obs_label = decision_label(observed)
     out: dict[str, Any] = {"resamples": 0, "rounds": len(reps), "observed": obs_label, "outcomes": {},
-                           "agreement": None, "drivers": [], "method": "bootstrap over rounds (paired: every arm and "
-                           "cell of a resampled round moves together); the whole rule recomputed on each resample"}
+                           "agreement": None, "drivers": [], "degenerate_excluded": 0,
+                           "method": "bootstrap over rounds (paired: every arm and cell of a resampled round moves "
+                           "together); the whole rule recomputed on each resample; resamples with fewer than two "
+                           "distinct rounds (zero spread, zero-width intervals) are excluded and redrawn"}
     if len(reps) < 2:
         out["note"] = "fewer than 2 rounds: stability not estimable"
         return out
@@ -363,8 +467,13 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     flips: dict[tuple, int] = {}
     flips_when_changed: dict[tuple, int] = {}
     changed = 0
-    for _ in range(resamples):
+    kept = 0
+    while kept < resamples:
         picks = [reps[i] for i in rng.integers(0, len(reps), size=len(reps))]
+        if len(set(picks)) < 2:  # degenerate: one round drawn every time
+            out["degenerate_excluded"] += 1
+            continue
+        kept += 1
         res = decide(_resampled(comps, picks), gate_by_arm, rule, workloads, concs, weights, route_by_workload)
         lab = decision_label(res)
         counts[lab] = counts.get(lab, 0) + 1

@@ -2,7 +2,9 @@
 
 Everything here is a pure function of the scraped text except :func:`fetch_metrics` (the one place that
 GETs ``/metrics``) and :func:`fetch_kv_cache_config`. Every reader of ``/metrics`` (cells, the deployment
-job, the idle watchdog, telemetry, the capacity search) parses through :func:`parse`.
+job, the idle watchdog, telemetry, the capacity search) parses through :func:`parse`, except the capacity
+search's in-window sampler, which reads its three gauges with :func:`scan_gauges` (a line-prefix scan that
+must agree with :func:`gauges`; a full parse holds the GIL for ~13 ms and starves the load generator).
 Definitions are documented in ``docs/metrics.md``; the short version:
 
 * A *series* is one sample name plus one label set. A *counter delta* of a metric is

@@ -358,7 +358,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
             missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
     if not gates:
         missing.append("no gate verdicts (results/gates/)")
-    rec = stats.recommend(comps, gates, config)
+    rec = _with_capacity_half(stats.recommend(comps, gates, config), results, config)
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
     model["phase"] = s["analysis"]["hypothesis_phase"]
     declared, hyp_source = _declared_hypotheses(config)
@@ -637,6 +637,60 @@ def _memory_rows(deps: list[dict], mem: dict) -> list[dict]:
     return rows
 
 
+def _with_capacity_half(rec: dict, results: Path, config: dict) -> dict:
+    """The confirmation decision with the seed's second half: the pre-registered capacity criteria."""
+    from specstudy import atomic, capacity_criteria
+    from specstudy.records import read_capacity_steps, read_knee
+
+    enabled = bool((config.get("capacity") or {}).get("enabled"))
+    crit = None
+    if (config.get("study") or {}).get("preregistration"):
+        from specstudy.config import load_prereg
+
+        crit = load_prereg(config).get("capacity_criteria")
+    arm = rec.get("enable")
+    if arm is None:
+        fc = results / "selection" / "final-candidate.json"
+        arm = atomic.read_json(fc).get("arm") if fc.exists() else None
+    ev = None
+    cap = results / "capacity"
+    if crit and arm and (cap / "baseline" / "knee.json").exists() and (cap / arm / "knee.json").exists():
+        def steps(a):
+            p = cap / a / "steps.jsonl"
+            return read_capacity_steps(p) if p.exists() else []
+
+        ev = capacity_criteria.evaluate(crit, read_knee(cap / "baseline" / "knee.json"), read_knee(cap / arm / "knee.json"),
+                                        steps("baseline"), steps(arm))
+    return capacity_criteria.apply(rec, ev, arm, enabled and crit is not None)
+
+
+def _capacity_half_blocks(B, rec) -> None:
+    half = rec.get("capacity_half") or {}
+    ev = half.get("evaluation")
+    if half.get("note"):
+        second = half["note"]
+    elif ev is None:
+        second = f"not evaluated for {half.get('arm')} (no capacity results)"
+    elif ev["met"]:
+        second = f"{half.get('arm')}: every pre-registered criterion met"
+    else:
+        second = f"{half.get('arm')}: missed " + ", ".join(ev["missed"])
+    first = str(rec.get("confirmation_decision"))
+    if rec.get("capacity_blocker"):
+        first += f" (not enabled: {rec['capacity_blocker']})"
+    B.append(("p", f"Both halves of the rule: (1) confirmation — {first}; (2) capacity — {second}."))
+    ev = half.get("evaluation")
+    if ev:
+        rows = []
+        for r in ev["criteria"]:
+            iv = r.get("interval")
+            where = (f"[{_f(iv[0])}, {_f(iv[1])}]" if iv else (f"at {r['matched_rps']:g} req/s" if r.get("matched_rps")
+                                                              else "–"))
+            rows.append([r["criterion"], _f(r["value"]), where, r["limit"], r["verdict"], r["why"]])
+        B.append(("table", ["capacity criterion", "figure", "interval / matched load", "limit", "verdict", "evidence"],
+                  rows))
+
+
 def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
     from specstudy import atomic, decision
     from specstudy.deployment.command import recommended_speculative_config, vllm_args_patch
@@ -648,6 +702,7 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
                      f"material regression: {rec['max_regression']:.0%}; "
                    + ("traffic routed by workload" if rec["route_by_workload"]
                       else "single deployment: the declared traffic mixture is evaluated") + ")."))
+    _capacity_half_blocks(B, rec)
     stab = rec.get("stability") or {}
     if stab:
         B.append(("p", f"Stability: {decision.format_outcomes(stab)} ({stab.get('resamples', 0)} bootstrap resamples of "
@@ -657,7 +712,11 @@ def _recommendation_section(B, rec, deps, s, out: Path) -> dict:
                        f"at {rule.get('look_confidence', 0):.4f} per look = {rule.get('confidence', 0):.0%} "
                        + (f"Bonferroni-corrected over {rule.get('looks')} possible looks "
                           f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')})"
-                          if rule.get("correction") == "bonferroni" else f"without a correction for looks ({rule.get('looks')})")
+                          if rule.get("correction") == "bonferroni"
+                          else (f"at the last look, O'Brien–Fleming alpha spending over {rule.get('looks')} possible looks "
+                                f"({rule.get('initial_repeats')} initial rounds, cap {rule.get('max_repeats')}; earlier "
+                                "looks spend less)" if rule.get("correction") == "obrien_fleming"
+                                else f"without a correction for looks ({rule.get('looks')})"))
                        + f"; non-inferiority required on {rule.get('non_inferiority_on')}. Verdicts: gain (interval "
                          f"above {1 + rec['min_gain']:.2f}), regression (below {1 - rec['max_regression']:.2f}), "
                          f"non-inferior (above {1 - rec['max_regression']:.2f}), otherwise inconclusive."))

@@ -260,48 +260,93 @@ def register(sub) -> None:
 
 # ---------------------------------------------------------------- final candidate (for capacity)
 
-def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, traffic_mix: dict | None = None) -> dict:
-    """The confirmation candidate that goes on to the capacity search.
+#: How the capacity candidate is chosen; written into every final-candidate record.
+CANDIDATE_ORDERING = (
+    "the arm the pre-registered decision rule enables on the confirmation data (decision.decide, the same call as "
+    "the recommendation; among several enabled arms the rule's own choice: the highest score, the lowest interval "
+    "bound of its traffic-mixture gain levels); when the rule enables none, the arm closest to enabling by the same "
+    "rule, ranked by: enabled, then no regression shown (not excluded), then fewer blockers, then higher score. Only "
+    "arms whose confirmation gate passed are eligible (no evidence can enable an arm whose gate did not pass)")
 
-    Score: traffic-mix-weighted mean over workloads (equal weights without a mix) of the mean over
-    concurrencies of log(median confirmation output tokens/s of the arm / baseline's median). Only
-    arms whose confirmation gate passed are eligible; the best eligible arm is chosen even when it
-    does not beat baseline (the decision records whether it does).
+
+def _comparison_row(s: dict) -> dict:
+    """The fields of a confirmation cell summary that :func:`specstudy.stats.comparisons` reads."""
+    k, v = s.get("keys") or {}, s.get("validity") or {}
+    lat = s.get("latency_ms") or {}
+    return {"phase": "confirm", "arm": k.get("arm"), "rep": k.get("rep"), "workload": k.get("workload"),
+            "concurrency": int(k["concurrency"]) if k.get("concurrency") is not None else None,
+            "kind": k.get("kind") or "repeat", "method": k.get("method"), "deployment_id": k.get("deployment_id"),
+            "valid": bool(v.get("valid")), "throughput_valid": v.get("throughput_valid"),
+            "latency_valid": v.get("latency_valid"),
+            "output_tokens_per_second": (s.get("tokens") or {}).get("output_tokens_per_second"),
+            "tpot_p50_ms": (lat.get("tpot") or {}).get("p50"), "ttft_p50_ms": (lat.get("ttft") or {}).get("p50")}
+
+
+def _rank_key(c: dict) -> tuple:
+    if "workloads" in c:  # routed: the arm's best workload scope
+        scopes = list(c["workloads"].values())
+        score = max((sc["score"] for sc in scopes if sc.get("score") is not None), default=None)
+    else:
+        score = c.get("score")
+    return (bool(c.get("enable")), not c.get("excluded"), -len(c.get("blockers") or []),
+            score if score is not None else -math.inf)
+
+
+def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, config: dict | None = None,
+                    prereg: dict | None = None) -> dict:
+    """The confirmation candidate that goes on to the capacity search (:data:`CANDIDATE_ORDERING`).
+
+    ``config``/``prereg``: the study's (the rule, margins, traffic mixture and routing come from them, exactly
+    as for the recommendation); without them the defaults of :mod:`specstudy.stats` apply.
     """
-    tput: dict[tuple, list[float]] = defaultdict(list)
-    for s in summaries:
-        k = s["keys"]
-        v = (s.get("tokens") or {}).get("output_tokens_per_second")
-        if (s.get("validity") or {}).get("valid") and v:
-            tput[(k["arm"], k["workload"], int(k["concurrency"]))].append(float(v))
-    med = {key: statistics.median(v) for key, v in tput.items()}
-    # The recommendation's rule (stats.GATE_RULE): only confirmation gates count; no other phase stands in.
+    from . import stats
+
+    arms = [a for a in selection.get("confirmation_arms", [])]
+    rows = [_comparison_row(s) for s in summaries if (s.get("keys") or {}).get("arm") in arms]
+    cfg = dict(config or {}, recommendation=dict((config or {}).get("recommendation") or {}, phase="confirm"))
+    comps = stats.comparisons(rows, cfg)
+    rec = stats.recommend(comps, gates, cfg, prereg, with_stability=False)
     verdicts = {g.get("arm"): g.get("verdict") for g in gates if g.get("phase") == "confirm"}
-    scores = {}
-    for arm in selection.get("confirmation_arms", []):
-        if arm == "baseline":
-            continue
-        per_w = defaultdict(list)
-        for (a, w, c), v in med.items():
-            b = med.get(("baseline", w, c))
-            if a == arm and b:
-                per_w[w].append(math.log(v / b))
-        if not per_w:
-            continue
-        weights = {w: (traffic_mix or {}).get(w, 1.0 if not traffic_mix else 0.0) for w in per_w}
-        total = sum(weights.values()) or 1.0
-        scores[arm] = sum(weights[w] * (sum(x) / len(x)) for w, x in per_w.items()) / total
-    eligible = {a: sc for a, sc in scores.items() if verdicts.get(a) == "pass"}
-    arm = max(eligible, key=eligible.get) if eligible else None
+    cands = [c for c in rec["candidates"] if c["arm"] != "baseline"]
+    ranked = sorted(cands, key=_rank_key, reverse=True)  # stable: ties keep decide's (sorted-arm) order, as max() does
+    eligible = [c for c in ranked if c["gate_verdict"] == "pass"]
+    arm = eligible[0]["arm"] if eligible else None
+    if rec["decision"] == "enable" and arm != rec["enable"]:
+        raise AssertionError(f"final candidate {arm} differs from the rule's enabled arm {rec['enable']}")
+    enabled = bool(eligible and eligible[0].get("enable"))
+    ranking = []
+    for c in ranked:
+        score = _rank_key(c)[3]
+        ranking.append({"arm": c["arm"], "enable": bool(c.get("enable")), "gate_verdict": c["gate_verdict"],
+                        "excluded": bool(c.get("excluded")), "blockers": list(c.get("blockers") or []),
+                        "score": score if math.isfinite(score) else None, "eligible": c["gate_verdict"] == "pass"})
+    if arm is None:
+        why = "no confirmation candidate passed its correctness gate; capacity runs baseline only"
+    elif enabled:
+        why = f"the decision rule enables {arm} on the confirmation data"
+    else:
+        why = (f"the decision rule enables no arm; {arm} is the closest to enabling by the rule's ordering "
+               f"(blockers: {'; '.join(eligible[0]['blockers']) or 'none'})")
     return {
         "schema": "specstudy.final-candidate/1",
         "arm": arm,
-        "log_speedup_scores": scores,
+        "rule_enables": enabled,
+        "decision": stats_decision_label(rec),
+        "ordering": CANDIDATE_ORDERING,
+        "ranking": ranking,
+        "rule": {k: rec["rule"].get(k) for k in ("source", "min_gain", "max_regression", "look_confidence",
+                                                 "non_inferiority_on")},
         "gate_verdicts": verdicts,
-        "beats_baseline": bool(arm and eligible[arm] > 0),
-        "why": ("best gate-passing confirmation candidate by traffic-weighted log speedup of output tokens/s"
-                if arm else "no confirmation candidate passed its correctness gate; capacity runs baseline only"),
+        # every traffic-mixture gain level's interval lies above 1 (the rule's score above 1)
+        "beats_baseline": bool(eligible) and _rank_key(eligible[0])[3] > 1.0,
+        "why": why,
     }
+
+
+def stats_decision_label(rec: dict) -> str:
+    from .decision import decision_label
+
+    return decision_label(rec) if rec["decision"] != "insufficient_evidence" else rec["decision"]
 
 
 def _cmd_final(args) -> int:
@@ -317,7 +362,7 @@ def _cmd_final(args) -> int:
         if (s.get("keys") or {}).get("phase") != "confirm":
             print(f"error: {p} is not a confirmation cell")
             return 2
-    res = final_candidate(summaries, gates, selection, (cfg.get("recommendation") or {}).get("traffic_mix"))
+    res = final_candidate(summaries, gates, selection, cfg)
     from . import schemas
 
     schemas.validate(res, "final-candidate", args.out)

@@ -163,7 +163,8 @@ def evaluate_vectorized(logs, rule: dict, workloads_of_cell: list[int], conc_of_
                         weights: list[float], looks_at: int) -> dict:
     """The rule of :func:`specstudy.decision.decide` (one candidate, gate passed) on the first ``looks_at`` rounds."""
 
-    g, d, conf = rule["min_gain"], rule["max_regression"], rule["look_confidence"]
+    g, d = rule["min_gain"], rule["max_regression"]
+    conf = (rule.get("look_confidences") or {}).get(looks_at, rule["look_confidence"])
     data = logs[:, :looks_at, :]
     _, lo, hi, _ = _interval(data, conf)
     cell_v = _verdicts(lo, hi, g, d)
@@ -232,3 +233,72 @@ def sigma_from_comparisons(comps: list[dict]) -> dict:
             df += len(logs) - 1
             cells += 1
     return {"sigma": math.sqrt(num / df) if df else None, "df": df, "cells": cells}
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate designs of issue 28 (a rule that can say yes), judged against declared targets
+# ---------------------------------------------------------------------------------------------
+#: The targets every candidate design is judged against (benchmarks/decision_rule.py --designs).
+TARGETS = {"gain10_one_neutral": (">=", 0.80), "loss5_one_workload": ("<=", 0.05), "null": ("<=", 0.05)}
+
+
+def design_vectorized(logs, design: dict, workloads_of_cell: list[int], conc_of_cell: list[int],
+                      weights: list[float], looks_at: int, look_index: int) -> dict:
+    """One candidate design on the first ``looks_at`` rounds (one candidate, gate passed).
+
+    ``design['kind']``: ``noninferiority`` (the pre-registered rule: every cell non-inferior at margin d, a
+    mixture gain shown) or ``literal`` (the seed's reading: a mixture gain shown and no cell with a material
+    regression *shown*; continue while a cell's interval straddles 1 − d or the gain is open: futility /
+    equivalence stop). ``design['confidences']``: per-look interval confidence.
+    """
+    g, d = design["min_gain"], design["max_regression"]
+    conf = design["confidences"][look_index]  # look_index 0 = the first look (design['initial'] rounds)
+    data = logs[:, :looks_at, :]
+    _, lo, hi, _ = _interval(data, conf)
+    cell_v = _verdicts(lo, hi, g, d)
+    mix = _mixture_logs(data, workloads_of_cell, conc_of_cell, weights)
+    _, mlo, mhi, _ = _interval(mix, conf)
+    mix_v = _verdicts(mlo, mhi, g, d)
+    regress = (cell_v == _CODES["regression"]).any(axis=1) | (mix_v == _CODES["regression"]).any(axis=1)
+    gain = (mix_v == _CODES["gain"]).any(axis=1)
+    open_gain = ~gain & (mhi > math.log(1 + g)).any(axis=1)
+    inconclusive = (cell_v == _CODES["inconclusive"]).any(axis=1)
+    if design["kind"] == "literal":
+        enable = gain & ~regress
+        undecided = ~regress & (open_gain | (gain & inconclusive))
+    else:
+        enable = ~regress & ~inconclusive & gain
+        undecided = ~regress & (inconclusive | open_gain)
+    return {"enable": enable, "undecided": undecided}
+
+
+def design_oc(truth: list[float], design: dict, workloads_of_cell, conc_of_cell, weights, sigma: float,
+              rho: float = 0.5, sims: int = 2000, seed: int = 7, scenario: str = "lognormal") -> dict:
+    """P(enable) and mean rounds of ``design`` (adaptive from design['initial'] to design['cap'] rounds)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    initial, cap = int(design["initial"]), int(design["cap"])
+    logs = np.log(np.asarray(truth))[None, None, :] + deployment_logs(scenario, rng, sims, cap, len(truth), sigma, rho)
+    enable = np.zeros(sims, dtype=bool)
+    rounds = np.full(sims, cap)
+    active = np.ones(sims, dtype=bool)
+    for j, k in enumerate(range(initial, cap + 1)):
+        res = design_vectorized(logs, design, workloads_of_cell, conc_of_cell, weights, k, j)
+        stop = active & (~res["undecided"] | (k == cap))
+        enable[stop] = res["enable"][stop]
+        rounds[stop] = k
+        active &= ~stop
+        if not active.any():
+            break
+    return {"p_enable": float(enable.mean()), "mean_rounds": float(rounds.mean())}
+
+
+def neutral_gain_truth(workloads: list[str], weights: list[float], concs: list, neutral: int, mixture_gain: float):
+    """Cell speedups: 1.0 on workload ``neutral``, the same x elsewhere so that the output-token-share mixture
+    speedup 1 / Σ(wᵢ/rᵢ) equals ``mixture_gain`` at every concurrency."""
+    total = sum(weights)
+    w = [x / total for x in weights]
+    rest = 1 / mixture_gain - w[neutral]
+    x = (1 - w[neutral]) / rest
+    return [1.0 if i == neutral else x for i in range(len(workloads)) for _ in concs], x

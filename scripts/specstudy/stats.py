@@ -45,8 +45,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_regression": 0.02,
         "concurrencies": None,
         "workloads": None,
-        "route_by_workload": False,
-        "traffic_mix": None,
         "launch_args": [],
         "draft_model": None,
     },
@@ -523,7 +521,7 @@ GATE_RULE = ("A candidate is eligible only with a correctness-gate verdict 'pass
 
 
 def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None,
-              gate_phase: str | None = None) -> dict:
+              gate_phase: str | None = None, with_stability: bool = True) -> dict:
     """Decide which speculative setting (if any) to enable; a pure function of its inputs.
 
     The rule (:mod:`specstudy.decision`, declared in the pre-registration): three-way cell verdicts from
@@ -543,6 +541,7 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
         from .config import load_prereg
 
         prereg = load_prereg(config)
+    decision.refuse_config_traffic(config)
     rule = decision.rule_from(config, prereg)
     phase = r["phase"]
     use = [c for c in comps if c["phase"] == phase]
@@ -553,11 +552,13 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     # interim look of adaptive confirmation (decision.checkpoint) names gate_phase='screen' explicitly,
     # because confirmation gates exist only once the rounds are complete; its record says so.
     gate_phase = gate_phase or phase
+    traffic = decision.traffic_from(prereg, workloads)
+    routed = traffic["route_by_workload"]
     gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") == gate_phase}
     other = {g["arm"]: g.get("phase") for g in gates if g.get("phase") != gate_phase}
     out: dict[str, Any] = {"phase": phase, "gate_phase": gate_phase, "gate_rule": GATE_RULE.format(phase=gate_phase),
                            "workloads": workloads, "concurrencies": concs,
-                           "route_by_workload": bool(r["route_by_workload"]), "min_gain": rule["min_gain"],
+                           "route_by_workload": routed, "traffic": traffic, "min_gain": rule["min_gain"],
                            "max_regression": rule["max_regression"], "rule": rule, "candidates": [],
                            "decision": "do_not_enable", "enable": None, "per_workload": {}, "missing": [],
                            "undecided": [], "stability": None}
@@ -565,12 +566,12 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
         out["decision"] = "insufficient_evidence"
         out["missing"].append(f"no {phase} comparisons (has the {phase} phase run?)")
         return out
-    weights = r["traffic_mix"] or {w: 1.0 for w in workloads}
-    total = sum(weights.values()) or 1.0
-    weights = {w: v / total for w, v in weights.items() if v}
-    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, bool(r["route_by_workload"]),
+    # output-token shares (traffic.shares); a zero share takes no part in the mixture
+    weights = {w: v for w, v in (traffic["mixture"] or {}).items() if v}
+    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, routed,
                           gate_phase=gate_phase, other_gates=other)
     out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
-    out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
-                                          bool(r["route_by_workload"]), int(a["stability_resamples"]), int(a["seed"]))
+    if with_stability:  # the final candidate needs the decision only, not its bootstrap
+        out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
+                                              routed, int(a["stability_resamples"]), int(a["seed"]))
     return out
