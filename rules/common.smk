@@ -13,9 +13,19 @@ from specstudy.config import ConfigError, check_config, effective_config_files, 
 from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
 from specstudy import stale as _stale  # noqa: E402
 
+# The config as specstudy's reader parsed it (rules/studyconfig.smk): same merge as Snakemake's, but a
+# `1e3` is the number it spells. Messages name the file(s) actually given.
+config.clear()
+config.update(STUDY_CONFIG)
+_CONFIG_SOURCE = " + ".join(STUDY_CONFIG_FILES) or "the study config"
 try:
-    check_config(config, "the study config (--configfile / config/config.yaml)")
+    check_config(config, _CONFIG_SOURCE)
     PREREG = load_prereg(config)
+    # The same pre-flight as `specstudy check-config`: the engine's files, the client's CPU pinning (when
+    # the deployments run on this machine) and the extension arms; a dry run stops here too.
+    from specstudy.preflight import check_study as _preflight  # noqa: E402
+
+    _preflight(config, _CONFIG_SOURCE, cpus=workflow.local_exec)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
@@ -497,7 +507,7 @@ def tables_inputs(wildcards):
 from specstudy import extensions as _ext  # noqa: E402
 
 try:
-    _ext.check(config, PREREG, "the study config (--configfile / config/config.yaml)")
+    _ext.check(config, PREREG, _CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 EXT_PHASES = _ext.declared(config)

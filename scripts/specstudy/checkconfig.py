@@ -10,12 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check(path: str | Path) -> list[str]:
+def check(path: str | Path, profile: str | Path | None = None) -> list[str]:
+    from . import extensions, preflight
     from .config import load_config, load_prereg, prereg_path
     from .corpus import load_spec
 
     cfg = load_config(path)
-    load_prereg(cfg)
+    prereg = load_prereg(cfg)
+    extensions.check(cfg, prereg, str(path))
+    if profile:
+        from .cost import profile_info
+
+        profile_info(profile)  # a profile option specstudy reads (cores, jobs) that it cannot use names the file
+    preflight.check_study(cfg, str(path), profile=profile)
     checked = [str(path), str(prereg_path(cfg))]
     specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])
     for spec in specs.values():
@@ -42,7 +49,7 @@ def template_note(path: str | Path) -> str | None:
 
 
 def _cmd(args) -> int:
-    for p in check(args.config):
+    for p in check(args.config, args.profile):
         print(f"ok: {p}")
     note = template_note(args.config)
     if note:
@@ -53,4 +60,7 @@ def _cmd(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("check-config", help="check a study config, its pre-registration and corpus specs (file, line, field)")
     p.add_argument("config", help="the study config YAML (what you pass to snakemake --configfile)")
+    p.add_argument("--profile", default=None,
+                   help="the Snakemake profile the study runs under: client_cpus are checked against its node "
+                        "(cpus_per_task) instead of this machine, and its options are read (e.g. cores)")
     p.set_defaults(func=_cmd)
