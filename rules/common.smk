@@ -10,7 +10,7 @@ import yaml  # noqa: E402
 
 from specstudy import plan as _plan  # noqa: E402
 from specstudy.config import ConfigError, check_config, effective_config_files, load_prereg, prereg_path  # noqa: E402
-from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
+from specstudy.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
 from specstudy import stale as _stale  # noqa: E402
 
 # The config as specstudy's reader parsed it (rules/studyconfig.smk): same merge as Snakemake's, but a
@@ -54,6 +54,12 @@ if _LOCK.exists():
         _verify_lock(_LOCK, PREREG_FILE)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+# The hash every screening deployment recorded, checked with or without the lock (a deleted lock must not
+# let a fresh lock of an edited pre-registration be scheduled).
+try:
+    _verify_recorded("results", PREREG_FILE)
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 # Nothing is written while the workflow is parsed (a dry run writes nothing). A report or tables built
 # from a checkpoint output that is now missing are stale: report_inputs/tables_inputs plan them again
 # (so a dry run shows it), and the onstart handler below moves them aside (never deleted) before any
@@ -112,7 +118,7 @@ def _corpus_id(spec_path, field):
     try:
         spec = load_spec(spec_path)
     except CorpusError as exc:
-        raise WorkflowError(f"config field '{field}': {exc}") from None
+        raise WorkflowError(f"{_CONFIG_SOURCE}: field '{field}': {exc}") from None
     return spec["name"], str(spec["version"])
 
 

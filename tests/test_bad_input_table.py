@@ -13,6 +13,7 @@ the test asserts both the exit 0 and what was understood.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from test_bad_input import (
     SNAKEMAKE,
     SPECSTUDY,
     _env,
+    _good_spec_text,
     _small_config,
     _write_yaml,
     classify,
@@ -168,6 +170,11 @@ def _write_text(path: Path, text: str) -> Path:
     return path
 
 
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def _dir(d: Path, name: str) -> str:
     (d / name).mkdir(exist_ok=True)
     return str(d / name)
@@ -180,6 +187,114 @@ _DRAFT = both(put("arms.methods", ["baseline", "ngram", "draft_model"]), put("ar
 
 def _sm_dup(text: str) -> str:
     return text.replace("screen:\n", "cells:\n  requests: 9\nscreen:\n", 1)
+
+
+# ------------------------------------------------------------------ corpora, CLI and results builders
+
+def _rows_spec(d: Path, rows: bytes, name: str = "tasks.jsonl", sha: str | None = None) -> Path:
+    """The bundled code spec pointed at ``rows`` (its sha256 recorded unless ``sha`` is given)."""
+    import hashlib
+    import re
+
+    src = d / name
+    src.write_bytes(rows)
+    text = re.sub(r"path: .*tasks.jsonl\n  sha256: \w+",
+                  f"path: {src}\n  sha256: {sha or hashlib.sha256(rows).hexdigest()}", _good_spec_text())
+    spec = d / "spec.yaml"
+    spec.write_text(text)
+    return spec
+
+
+def _build(spec: Path | str, out: Path | str) -> list[str]:
+    return [*SPECSTUDY, "corpus", "build", "--spec", str(spec), "--out", str(out)]
+
+
+_TASKS = (ROOT / "corpora/data/code/tasks.jsonl").read_bytes()
+
+
+def _cell_summary(arm: str = "baseline", rep: int = 1, workload: str = "code", conc: int = 1) -> dict:
+    """A sealed summary as a deployment job writes it (specstudy.cell.failed_summary, made valid)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from specstudy.arms import parse_arm
+    from specstudy.cell import failed_summary
+    from specstudy.integrity import seal
+
+    spec = parse_arm(arm)
+    keys = {"phase": "screen", "arm": arm, "method": spec["method"],
+            "num_speculative_tokens": spec.get("num_speculative_tokens"),
+            "draft_tensor_parallel_size": spec.get("draft_tensor_parallel_size"), "rep": rep, "workload": workload,
+            "concurrency": conc, "deployment_id": f"screen-{arm}-rep{rep}-a1"}
+    s = failed_summary(keys, {"name": "bundled-code", "version": "1", "digest": "sha256:" + "0" * 64}, "cell_error", "x")
+    s["validity"].update(valid=True, reasons=[])
+    s["latency_ms"]["tpot"] = {"count": 4, "mean": 10.0, "p50": 10.0, "p95": 12.0, "p99": 13.0}
+    return seal(s)
+
+
+def tables(tamper: Callable[[Path, dict], object]) -> Callable[[Path], list[str]]:
+    """``specstudy tables`` on a results tree of two sealed cells after ``tamper(results, baseline_summary)``."""
+    def setup(d: Path) -> list[str]:
+        res = d / "results"
+        for arm in ("baseline", "ngram-k2"):
+            _json_file(res / f"screen/{arm}/rep1/code/c1/summary.json", _cell_summary(arm))
+        tamper(res, _cell_summary("baseline"))
+        return [*SPECSTUDY, "tables", "--results", str(res), "--out", str(d / "tables")]
+    return setup
+
+
+def _json_file(path: Path, obj, text: str | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text is not None else json.dumps(obj, indent=1))
+    return path
+
+
+def _edited(res: Path, s: dict, edit: Callable[[dict], object], reseal: bool = False) -> None:
+    edit(s)
+    if reseal:
+        from specstudy.integrity import digest
+
+        s["integrity"]["sha256"] = digest(s)
+    _json_file(res / "screen/baseline/rep1/code/c1/summary.json", s)
+
+
+def _screen_record(w: Path, sha: str) -> None:
+    _json_file(w / "results/screen/baseline/rep1/deployment.json", {"deployment_id": "screen-baseline-rep1-a1",
+                                                                    "status": "ok", "prereg_sha256": sha})
+
+
+def _sm_lock_deleted(w: Path) -> list[str]:
+    import hashlib
+
+    p = w / "config/preregistration.yaml"
+    _screen_record(w, hashlib.sha256(p.read_bytes()).hexdigest())  # measured under the original ...
+    p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))  # ... then edited
+    return []  # and no results/screen/prereg-lock.json
+
+
+def _rerun(*paths: str, plan: bool = True) -> Callable[[Path], list[str]]:
+    """``specstudy rerun -n`` in a directory holding two screening cells (and the screening plan)."""
+    def setup(d: Path) -> list[str]:
+        for arm in ("baseline", "ngram-k2"):
+            _json_file(d / f"results/screen/{arm}/rep1/code/c1/summary.json", _cell_summary(arm))
+        if plan:
+            cfg = _write_yaml(d / "study.yaml", _small_config(d))
+            subprocess.run([*SPECSTUDY, "plan", "--config", str(cfg), "--phase", "screen", "--out",
+                            str(d / "results/plan/screen.json")], check=True, env=_env(), cwd=d, capture_output=True)
+        return [*SPECSTUDY, "rerun", "-n", "--profile", "", *paths]
+    return setup
+
+
+def _selection_of(d: Path, obj) -> Path:
+    return _json_file(d / "selection.json", obj)
+
+
+def _upstream(d: Path, cell) -> Path:
+    from test_bad_input import _upstream_cell
+
+    c = _upstream_cell(d, json.dumps({"ok": True}))
+    meta = json.loads((c / "metadata.json").read_text())
+    meta["cell"] = cell
+    (c / "metadata.json").write_text(json.dumps(meta))
+    return c
 
 
 ROWS: list[Row] = [
@@ -344,6 +459,102 @@ ROWS: list[Row] = [
     Row("profile-broken-yaml", "environment", lambda d: [
         *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))),
         "--profile", str(_profile(d, "executor: local\ncores: [2\n"))], ["prof/config.yaml", "line"]),
+    # ---------------------------------------------------------------- corpora
+    Row("corpus-rows-latin1", "corpora", lambda d: _build(_rows_spec(d, _TASKS + '{"task_id": "x", "prompt": "caf\xe9"}\n'
+                                                                         .encode("latin-1")), d / "out"),
+        ["tasks.jsonl", "line 35", "UTF-8"]),
+    Row("corpus-gz-not-gzip", "corpora", lambda d: _build(_rows_spec(d, _TASKS, "tasks.jsonl.gz"), d / "out"),
+        ["tasks.jsonl.gz", "gzip"]),
+    Row("corpus-gz-truncated", "corpora",
+        lambda d: _build(_rows_spec(d, gzip.compress(_TASKS)[:200], "tasks.jsonl.gz"), d / "out"),
+        ["tasks.jsonl.gz", "gzip"]),
+    Row("corpus-rows-twice", "corpora", lambda d: _build(_rows_spec(d, _TASKS + _TASKS), d / "out"),
+        ["tasks.jsonl", "line 35", "duplicate row", "same prompt as line 1"]),
+    Row("corpus-spec-is-directory", "corpora", lambda d: _build(_dir(d, "spec"), d / "out"),
+        ["spec", "is a directory", "--spec"]),
+    Row("corpus-spec-duplicate-key", "corpora",
+        lambda d: _build(_write_text(d / "spec.yaml", _good_spec_text() + "format: task_jsonl\n"), d / "out"),
+        ["spec.yaml", "line", "duplicate key 'format'"]),
+    Row("corpus-spec-latin1", "corpora", lambda d: _build(_write_bytes(
+        d / "spec.yaml", ("# r\xe9sum\xe9\n" + _good_spec_text()).encode("latin-1")), d / "out"),
+        ["spec.yaml", "line 1", "UTF-8"]),
+    Row("corpus-source-missing", "corpora", lambda d: _build(_write_text(d / "spec.yaml", _good_spec_text().replace(
+        "code/tasks.jsonl", "code/taks.jsonl")), d / "out"), ["taks.jsonl", "does not exist", "source.path"]),
+    Row("corpus-out-is-file", "corpora", lambda d: _build(_rows_spec(d, _TASKS), _file(d, "out")),
+        ["out", "--out", "a file is in the way"]),
+    Row("corpus-check-spec-as-corpus", "corpora", lambda d: [
+        *SPECSTUDY, "corpus", "check", "--corpus", str(_write_text(d / "corpus.json", _good_spec_text())),
+        "--digest", "x"], ["corpus.json", "corpus spec", "corpus build"]),
+    Row("sm-corpus-spec-is-directory", "corpora", sm_cfg(put("corpora.workloads.code", "corpora/embedded")),
+        ["bad.yaml", "corpora.workloads.code", "is a directory"]),
+    # ---------------------------------------------------------------- CLI
+    Row("plan-other-study-selection", "CLI", lambda d: [
+        *SPECSTUDY, "plan", "--config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--phase", "confirm",
+        "--selection", str(_selection_of(d, {"schema": "specstudy.selection/1", "confirmation_arms": [
+            "baseline", "draft-k3-tp4"]})), "--out", str(d / "p.json")], ["selection.json", "digest", "specstudy select"]),
+    Row("final-candidate-other-study-selection", "CLI", lambda d: [
+        *SPECSTUDY, "final-candidate", "--config", str(_write_yaml(d / "study.yaml", _small_config(d))),
+        "--summaries", str(_json_file(d / "s.json", _cell_summary())),
+        "--selection", str(_selection_of(d, {"picked": ["draft-k3-tp4"]})), "--out", str(d / "fc.json")],
+        ["selection.json"]),
+    Row("upstream-metadata-no-repeat", "CLI", lambda d: [*SPECSTUDY, "import-upstream", str(_upstream(d, {"workload": "code", "concurrency": 8})),
+                                                        str(d / "out")], ["metadata.json", "cell", "repeat"]),
+    Row("tables-out-is-file", "CLI", lambda d: [*tables(lambda res, s: None)(d)[:-1], _file(d, "tables.txt")],
+        ["tables.txt", "--out", "a file is in the way"]),
+    Row("plan-out-under-a-file", "CLI", lambda d: [
+        *SPECSTUDY, "plan", "--config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--phase", "screen",
+        "--out", str(Path(_file(d, "plan")) / "screen.json")], ["plan", "--out", "a file is in the way"]),
+    Row("rerun-not-a-cell", "CLI", _rerun("results/screen/baseline/rep1/code/summary.json"),
+        ["results/screen/baseline/rep1/code/summary.json", "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>",
+         "results/screen/baseline/rep1/code/c1/summary.json"]),
+    Row("rerun-arm-not-in-plan", "CLI", _rerun("results/screen/ngram-k9/rep1/code/c1/summary.json"),
+        ["ngram-k9", "not an arm of", "screen.json", "ngram-k2"]),
+    Row("rerun-a-directory", "CLI", _rerun("results/screen/baseline/rep1/"),
+        ["results/screen/baseline/rep1", "directory", "results/screen/baseline/rep1/code/c1/summary.json"]),
+    Row("rerun-workload-typo", "CLI", _rerun("results/screen/baseline/rep1/cod/c1/summary.json"),
+        ["cod", "results/screen/baseline/rep1/code/c1/summary.json"]),
+    Row("rerun-readme-example", "CLI", _rerun("results/screen/draft-k3-tp4/rep1/code/c8/summary.json"),
+        ["draft-k3-tp4", "not an arm of", "baseline", "ngram-k2"]),
+    Row("rerun-option-as-path", "CLI", _rerun("--forcerun", "results/screen/baseline/rep1/code/c1/summary.json"),
+        ["unrecognized arguments: --forcerun"]),
+    # ---------------------------------------------------------------- results tampering
+    Row("tables-summary-moved-arm", "results tampering",
+        tables(lambda res, s: _json_file(res / "screen/ngram-k2/rep1/code/c1/summary.json", s)),
+        ["ngram-k2/rep1/code/c1/summary.json", "keys.arm is 'baseline'", "keys.method"]),
+    Row("tables-summary-moved-workload", "results tampering",
+        tables(lambda res, s: _json_file(res / "screen/baseline/rep1/open_chat/c1/summary.json", s)),
+        ["open_chat/c1/summary.json", "keys.workload is 'code'"]),
+    Row("tables-summary-moved-concurrency", "results tampering",
+        tables(lambda res, s: _json_file(res / "screen/baseline/rep1/code/c8/summary.json", s)),
+        ["c8/summary.json", "keys.concurrency is 1"]),
+    Row("tables-summary-moved-rep", "results tampering",
+        tables(lambda res, s: _json_file(res / "screen/baseline/rep2/code/c1/summary.json", s)),
+        ["rep2/code/c1/summary.json", "keys.rep is 1"]),
+    Row("tables-summary-tpot-halved", "results tampering",
+        tables(lambda res, s: _edited(res, s, lambda x: x["latency_ms"]["tpot"].update(p50=5.0))),
+        ["baseline/rep1/code/c1/summary.json", "integrity.sha256", "specstudy rerun"]),
+    Row("tables-summary-validity-flipped", "results tampering",
+        tables(lambda res, s: _edited(res, s, lambda x: x["validity"].update(valid=False))),
+        ["summary.json", "integrity.sha256"]),
+    Row("tables-summary-unknown-field", "results tampering",
+        tables(lambda res, s: _edited(res, s, lambda x: x.update(note="hand-fixed"), reseal=True)),
+        ["summary.json", "note", "not allowed by schema cell-summary"]),
+    Row("tables-summary-unknown-key", "results tampering",
+        tables(lambda res, s: _edited(res, s, lambda x: x["keys"].update(arm_alias="b"), reseal=True)),
+        ["summary.json", "keys.arm_alias", "not allowed"]),
+    Row("tables-summary-attempt-swapped", "results tampering",
+        tables(lambda res, s: _edited(res, s, lambda x: x["keys"].update(deployment_id="screen-baseline-rep1-a9"),
+                                      reseal=True)),
+        ["summary.json", "integrity.attempt", "screen-baseline-rep1-a9"]),
+    Row("tables-summary-truncated", "results tampering",
+        tables(lambda res, s: _json_file(res / "screen/baseline/rep1/code/c1/summary.json", None,
+                                         json.dumps(s)[:300])), ["baseline/rep1/code/c1/summary.json", "JSON"]),
+    Row("sm-prereg-lock-deleted-after-edit", "results tampering", sm(_sm_lock_deleted),
+        ["preregistration.yaml", "deployment.json", "prereg_sha256", "deleting the lock"]),
+    Row("check-config-prereg-recorded-mismatch", "results tampering", lambda d: [
+        *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--results",
+        str(_screen_record(d, "0" * 64) or d / "results")],
+        ["preregistration-small.yaml", "deployment.json", "prereg_sha256 " + "0" * 64]),
 ]
 
 
@@ -352,6 +563,13 @@ def test_bad_input_row(row: Row, tmp_path: Path):
     verdict, rc, out = run_row(row, tmp_path)
     want = "valid" if row.valid else "clear"
     assert verdict == want, f"{row.id}: {verdict} (rc {rc}); expected {row.expect} in:\n{out[-3000:]}"
+
+
+def test_the_table_covers_every_class():
+    counts = {k: sum(r.klass == k for r in ROWS) for k in CLASSES}
+    assert all(r.klass in CLASSES for r in ROWS)
+    assert len({r.id for r in ROWS}) == len(ROWS)
+    assert sum(counts.values()) >= 80 and all(counts.values()), counts
 
 
 if __name__ == "__main__":

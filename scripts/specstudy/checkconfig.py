@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check(path: str | Path, profile: str | Path | None = None) -> list[str]:
+def check(path: str | Path, profile: str | Path | None = None, results: str | Path | None = None) -> list[str]:
     from . import extensions, preflight
     from .config import load_config, load_prereg, prereg_path
     from .corpus import load_spec
@@ -23,6 +23,13 @@ def check(path: str | Path, profile: str | Path | None = None) -> list[str]:
 
         profile_info(profile)  # a profile option specstudy reads (cores, jobs) that it cannot use names the file
     preflight.check_study(cfg, str(path), profile=profile)
+    if results:  # the study's results so far: the pre-registration they were measured under
+        from .prereg_guard import verify_lock, verify_recorded
+
+        lock = Path(results) / "screen" / "prereg-lock.json"
+        if lock.exists():
+            verify_lock(lock, prereg_path(cfg))
+        verify_recorded(results, prereg_path(cfg))
     checked = [str(path), str(prereg_path(cfg))]
     specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])
     for spec in specs.values():
@@ -49,7 +56,7 @@ def template_note(path: str | Path) -> str | None:
 
 
 def _cmd(args) -> int:
-    for p in check(args.config, args.profile):
+    for p in check(args.config, args.profile, args.results):
         print(f"ok: {p}")
     note = template_note(args.config)
     if note:
@@ -63,4 +70,7 @@ def register(sub) -> None:
     p.add_argument("--profile", default=None,
                    help="the Snakemake profile the study runs under: client_cpus are checked against its node "
                         "(cpus_per_task) instead of this machine, and its options are read (e.g. cores)")
+    p.add_argument("--results", default="results",
+                   help="the study's results directory (default: results): its pre-registration lock and the hash "
+                        "every screening deployment recorded are checked against the file ('' to skip)")
     p.set_defaults(func=_cmd)

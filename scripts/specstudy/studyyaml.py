@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from .errors import UserError
+
 # YAML 1.2 core-schema floats without a dot (``1e3``, ``-5E-2``): YAML 1.1 (PyYAML) reads them as strings.
 _EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 
 
-class StudyYamlError(ValueError):
+class StudyYamlError(UserError):
     """A YAML file specstudy cannot read as intended; the message names the file, the line and the fix."""
 
 
