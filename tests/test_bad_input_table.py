@@ -515,6 +515,13 @@ ROWS: list[Row] = [
         ["cod", "results/screen/baseline/rep1/code/c1/summary.json"]),
     Row("rerun-readme-example", "CLI", _rerun("results/screen/draft-k3-tp4/rep1/code/c8/summary.json"),
         ["draft-k3-tp4", "not an arm of", "baseline", "ngram-k2"]),
+    Row("rerun-configfile-misspelt", "CLI", lambda d: [
+        *_rerun("results/screen/baseline/rep1/code/c1/summary.json")(d), "--configfile", str(d / "stduy.yaml")],
+        ["stduy.yaml", "not found"]),
+    Row("rerun-configfile-duplicate-key", "CLI", lambda d: [
+        *_rerun("results/screen/baseline/rep1/code/c1/summary.json")(d), "--configfile", str(_write_text(
+            d / "other.yaml", yaml.safe_dump(_small_config(d), sort_keys=False) + "screen:\n  repeats: 2\n"))],
+        ["other.yaml", "line", "duplicate key 'screen'"]),
     Row("rerun-option-as-path", "CLI", _rerun("--forcerun", "results/screen/baseline/rep1/code/c1/summary.json"),
         ["unrecognized arguments: --forcerun"]),
     # ---------------------------------------------------------------- results tampering

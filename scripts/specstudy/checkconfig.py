@@ -1,8 +1,10 @@
-"""``specstudy check-config <study.yaml>``: check a study config, its pre-registration and corpus specs.
+"""``specstudy check-config <study.yaml>``: the pre-flight of a study (docs/bad-input.md).
 
 Snakemake reads ``--configfile`` itself and reports a YAML error as "Config file is not valid JSON
 or YAML" without the file or line; this command names both (and every schema or cross-field
-problem, with the field), before Snakemake is involved.
+problem, with the field), before Snakemake is involved, then runs the same machine checks as the
+workflow's parse (specstudy.preflight: engine files, client CPUs, extension arms) and checks the
+pre-registration of the results so far (lock and recorded hashes).
 """
 
 from __future__ import annotations

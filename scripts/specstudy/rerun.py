@@ -115,6 +115,10 @@ def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> Non
 
 def _cmd_rerun(args) -> int:
     check_targets(args.paths)
+    if args.configfile:  # the pre-flight before Snakemake reads it (its own errors name neither file nor line)
+        from .config import load_config
+
+        load_config(args.configfile)
     cmd = snakemake_command(args.paths, profile=args.profile or None, configfile=args.configfile,
                             dry_run=args.dry_run, cores=args.cores)
     print("+ " + " ".join(cmd), flush=True)
