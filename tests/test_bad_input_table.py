@@ -449,6 +449,11 @@ ROWS: list[Row] = [
         lambda d: [*SPECSTUDY, "plan", "--cost", "--config", str(_write_yaml(d / "study.yaml", _small_config(d))),
                    "--results", str(d / "results"), "--profile", str(_profile(d, "executor: local\ncores: all\n"))],
         ["deployment(s) at a time"], valid="cores: all is Snakemake's own spelling for every CPU of the machine"),
+    Row("results-of-another-study", "environment", lambda d: [
+        *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--results",
+        str(_json_file(d / "results/screen/prereg-lock.json", {"preregistration": "config/preregistration-other.yaml",
+                                                             "sha256": "0" * 64}).parents[1])],
+        ["results/", "preregistration-other.yaml", "prereg-lock.json", "--results"]),
     Row("profile-cores-word", "environment", lambda d: [
         *SPECSTUDY, "plan", "--cost", "--config", str(_write_yaml(d / "study.yaml", _small_config(d))),
         "--results", str(d / "results"), "--profile", str(_profile(d, "executor: local\ncores: many\n"))],

@@ -26,10 +26,19 @@ def check(path: str | Path, profile: str | Path | None = None, results: str | Pa
         profile_info(profile)  # a profile option specstudy reads (cores, jobs) that it cannot use names the file
     preflight.check_study(cfg, str(path), profile=profile)
     if results:  # the study's results so far: the pre-registration they were measured under
+        import os
+
+        from . import atomic
+        from .config import ConfigError
         from .prereg_guard import verify_lock, verify_recorded
 
         lock = Path(results) / "screen" / "prereg-lock.json"
         if lock.exists():
+            locked = atomic.read_json(lock).get("preregistration")
+            if locked and os.path.abspath(locked) != os.path.abspath(prereg_path(cfg)):
+                raise ConfigError(f"{results}/ belongs to the study pre-registered in {locked} ({lock}), but {path} "
+                                  f"pre-registers {prereg_path(cfg)}; check this study from its own working directory, "
+                                  "or pass --results <its results directory> ('' to skip)")
             verify_lock(lock, prereg_path(cfg))
         verify_recorded(results, prereg_path(cfg))
     checked = [str(path), str(prereg_path(cfg))]
