@@ -24,8 +24,11 @@ class IntegrityError(UserError):
 
 def digest(summary: dict) -> str:
     """sha256 of the summary's canonical JSON without its ``integrity`` field."""
+    from .atomic import dumps_json
+
     body = {k: v for k, v in summary.items() if k != FIELD}
-    text = json.dumps(json.loads(json.dumps(body)), sort_keys=True, separators=(",", ":"))
+    # the summary as it reads back from disk (atomic.dumps_json: what every writer writes), canonical
+    text = json.dumps(json.loads(dumps_json(body)), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
