@@ -5,6 +5,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# specstudy's own reader first: file and line for a YAML error, a duplicate key or a non-finite number.
+include: "rules/studyconfig.smk"
+
+
 # The embedded default study, unless --configfile names another study: a study config is complete
 # on its own and is never merged with this one (defaults of the CPU study must not leak into it).
 if not workflow.overwrite_configfiles:

@@ -10,12 +10,22 @@ import yaml  # noqa: E402
 
 from specstudy import plan as _plan  # noqa: E402
 from specstudy.config import ConfigError, check_config, effective_config_files, load_prereg, prereg_path  # noqa: E402
-from specstudy.prereg_guard import verify_lock as _verify_lock  # noqa: E402
+from specstudy.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
 from specstudy import stale as _stale  # noqa: E402
 
+# The config as specstudy's reader parsed it (rules/studyconfig.smk): same merge as Snakemake's, but a
+# `1e3` is the number it spells. Messages name the file(s) actually given.
+config.clear()
+config.update(STUDY_CONFIG)
+_CONFIG_SOURCE = " + ".join(STUDY_CONFIG_FILES) or "the study config"
 try:
-    check_config(config, "the study config (--configfile / config/config.yaml)")
+    check_config(config, _CONFIG_SOURCE)
     PREREG = load_prereg(config)
+    # The same pre-flight as `specstudy check-config`: the engine's files, the client's CPU pinning (when
+    # the deployments run on this machine) and the extension arms; a dry run stops here too.
+    from specstudy.preflight import check_study as _preflight  # noqa: E402
+
+    _preflight(config, _CONFIG_SOURCE, cpus=workflow.local_exec)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
@@ -44,6 +54,12 @@ if _LOCK.exists():
         _verify_lock(_LOCK, PREREG_FILE)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+# The hash every screening deployment recorded, checked with or without the lock (a deleted lock must not
+# let a fresh lock of an edited pre-registration be scheduled).
+try:
+    _verify_recorded("results", PREREG_FILE)
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 # Nothing is written while the workflow is parsed (a dry run writes nothing). A report or tables built
 # from a checkpoint output that is now missing are stale: report_inputs/tables_inputs plan them again
 # (so a dry run shows it), and the onstart handler below moves them aside (never deleted) before any
@@ -105,7 +121,7 @@ def _corpus_id(spec_path, field):
     try:
         spec = load_spec(spec_path)
     except CorpusError as exc:
-        raise WorkflowError(f"config field '{field}': {exc}") from None
+        raise WorkflowError(f"{_CONFIG_SOURCE}: field '{field}': {exc}") from None
     return spec["name"], str(spec["version"])
 
 
@@ -525,7 +541,7 @@ def tables_inputs(wildcards):
 from specstudy import extensions as _ext  # noqa: E402
 
 try:
-    _ext.check(config, PREREG, "the study config (--configfile / config/config.yaml)")
+    _ext.check(config, PREREG, _CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 EXT_PHASES = _ext.declared(config)

@@ -140,10 +140,17 @@ def test_a_target_not_built_yet_defers_the_check_to_the_plan_and_the_job(tmp_pat
 def test_check_config_says_where_the_template_check_stands(tmp_path, monkeypatch, capsys):
     from specstudy.cli import main
 
-    monkeypatch.chdir(ROOT)
-    target = tmp_path / "target"
+    # The target the workflow builds itself (fixture_models.build): absent before the study runs, which
+    # check-config accepts (a model path nothing builds must exist: tests/test_bad_input_table.py).
+    monkeypatch.chdir(tmp_path)
+    target = Path("results/models/fixture/target")
+    target.parent.mkdir(parents=True)
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(_cfg(str(target), {"code_thinking": {"chat_template_kwargs": THINK}})))
+    cfg = _cfg(str(target), {"code_thinking": {"chat_template_kwargs": THINK}})
+    corpora = cfg["corpora"]
+    corpora["workloads"] = {w: str(ROOT / s) for w, s in corpora["workloads"].items()}
+    corpora["smoke"] = str(ROOT / corpora["smoke"])
+    path.write_text(yaml.safe_dump(cfg))
     assert main(["check-config", str(path)]) == 0
     assert f"note: workload_options not yet checked against the chat template: {target} does not exist yet" in \
         capsys.readouterr().out

@@ -603,6 +603,9 @@ def run_cell(
         times=times,
     )
     summary["drain"] = drained
+    from .integrity import seal
+
+    seal(summary)  # tables re-computes this digest: an edited summary is refused (issue 29)
     validate_summary(summary, out / "summary.json")
     atomic.write_json(out / "summary.json", summary)
     return summary

@@ -1,8 +1,10 @@
-"""``specstudy check-config <study.yaml>``: check a study config, its pre-registration and corpus specs.
+"""``specstudy check-config <study.yaml>``: the pre-flight of a study (docs/bad-input.md).
 
 Snakemake reads ``--configfile`` itself and reports a YAML error as "Config file is not valid JSON
 or YAML" without the file or line; this command names both (and every schema or cross-field
-problem, with the field), before Snakemake is involved.
+problem, with the field), before Snakemake is involved, then runs the same machine checks as the
+workflow's parse (specstudy.preflight: engine files, client CPUs, extension arms) and checks the
+pre-registration of the results so far (lock and recorded hashes).
 """
 
 from __future__ import annotations
@@ -10,12 +12,35 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check(path: str | Path) -> list[str]:
+def check(path: str | Path, profile: str | Path | None = None, results: str | Path | None = None) -> list[str]:
+    from . import extensions, preflight
     from .config import load_config, load_prereg, prereg_path
     from .corpus import load_spec
 
     cfg = load_config(path)
-    load_prereg(cfg)
+    prereg = load_prereg(cfg)
+    extensions.check(cfg, prereg, str(path))
+    if profile:
+        from .cost import profile_info
+
+        profile_info(profile)  # a profile option specstudy reads (cores, jobs) that it cannot use names the file
+    preflight.check_study(cfg, str(path), profile=profile)
+    if results:  # the study's results so far: the pre-registration they were measured under
+        import os
+
+        from . import atomic
+        from .config import ConfigError
+        from .prereg_guard import verify_lock, verify_recorded
+
+        lock = Path(results) / "screen" / "prereg-lock.json"
+        if lock.exists():
+            locked = atomic.read_json(lock).get("preregistration")
+            if locked and os.path.abspath(locked) != os.path.abspath(prereg_path(cfg)):
+                raise ConfigError(f"{results}/ belongs to the study pre-registered in {locked} ({lock}), but {path} "
+                                  f"pre-registers {prereg_path(cfg)}; check this study from its own working directory, "
+                                  "or pass --results <its results directory> ('' to skip)")
+            verify_lock(lock, prereg_path(cfg))
+        verify_recorded(results, prereg_path(cfg))
     checked = [str(path), str(prereg_path(cfg))]
     specs = dict(cfg["corpora"]["workloads"], smoke=cfg["corpora"]["smoke"])
     for spec in specs.values():
@@ -42,7 +67,7 @@ def template_note(path: str | Path) -> str | None:
 
 
 def _cmd(args) -> int:
-    for p in check(args.config):
+    for p in check(args.config, args.profile, args.results):
         print(f"ok: {p}")
     note = template_note(args.config)
     if note:
@@ -53,4 +78,10 @@ def _cmd(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("check-config", help="check a study config, its pre-registration and corpus specs (file, line, field)")
     p.add_argument("config", help="the study config YAML (what you pass to snakemake --configfile)")
+    p.add_argument("--profile", default=None,
+                   help="the Snakemake profile the study runs under: client_cpus are checked against its node "
+                        "(cpus_per_task) instead of this machine, and its options are read (e.g. cores)")
+    p.add_argument("--results", default="results",
+                   help="the study's results directory (default: results): its pre-registration lock and the hash "
+                        "every screening deployment recorded are checked against the file ('' to skip)")
     p.set_defaults(func=_cmd)

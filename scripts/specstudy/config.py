@@ -19,16 +19,15 @@ class ConfigError(ValueError):
     """The study config or pre-registration is unusable; the message says where and how to fix it."""
 
 
-def _load_yaml(path: Path) -> Any:
-    import yaml
+def _load_yaml(path: Path, what: str = "file") -> Any:
+    """specstudy's own reader (studyyaml): duplicate keys, non-finite numbers, YAML errors and non-UTF-8
+    bytes name the file and the line."""
+    from .studyyaml import StudyYamlError, load
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        return load(path, what)
+    except StudyYamlError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _scale_model_problems(cfg: dict, source: str) -> list[str]:
@@ -108,9 +107,14 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
 
 def load_config(path: str | Path) -> dict:
     path = Path(path)
-    cfg = _load_yaml(path)
+    cfg = _load_yaml(path, "study config")
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: the config must be a mapping with keys study, engine, corpora, cells, arms, screen")
+        kind = "empty" if cfg is None else f"a {type(cfg).__name__}"
+        raise ConfigError(f"{path}: line 1: the study config is {kind}, not a mapping; it must be a mapping with "
+                          "keys study, engine, corpora, cells, arms, screen")
+    if "study" not in cfg and {"selection", "confirmation", "gate"} & set(cfg):
+        raise ConfigError(f"{path}: this is a pre-registration (keys {', '.join(sorted(cfg))}), not a study config; "
+                          "pass the study config that names it under study.preregistration (e.g. config/config.yaml)")
     return check_config(cfg, str(path))
 
 
@@ -191,7 +195,11 @@ def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>"
 
 def read_prereg_file(path: str | Path) -> dict:
     """A pre-registration file, parsed and checked against its schema (errors name the file and field)."""
-    data = _load_yaml(Path(path))
+    data = _load_yaml(Path(path), "pre-registration")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: line 1: the pre-registration is {'empty' if data is None else 'a ' + type(data).__name__}, "
+                          "not a mapping; check that study.preregistration names a pre-registration file "
+                          "(keys version, selection, confirmation, gate)")
     try:
         schemas.validate(data, "preregistration", str(path))
     except schemas.ValidationError as exc:

@@ -86,8 +86,46 @@ def source_sha256(path: Path, fmt: str, options: dict) -> str:
 
 def _open_text(path: Path):
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+        if magic != b"\x1f\x8b":
+            raise CorpusError(f"{path}: not a gzip file (it ends in .gz but does not start with the gzip magic bytes); "
+                              "compress it with `gzip` or drop the .gz suffix (and update source.path and sha256)")
+        return _CheckedText(gzip.open(path, "rb"), path)
+    return _CheckedText(open(path, "rb"), path)
+
+
+class _CheckedText:
+    """A UTF-8 text file read line by line, whose decoding errors (a Latin-1 byte, a damaged gzip stream)
+    name the file and the line."""
+
+    def __init__(self, fh, path: Path):
+        self.fh, self.path, self.line = fh, path, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+    def __iter__(self):
+        while True:
+            try:
+                raw = self.fh.readline()
+            except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+                raise CorpusError(f"{self.path}: line {self.line + 1}: the gzip stream is damaged ({exc}); re-download "
+                                  "or re-compress the dataset") from None
+            if not raw:
+                return
+            self.line += 1
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(f"{self.path}: line {self.line}: byte 0x{raw[exc.start]:02x} is not UTF-8; re-encode "
+                                  "the dataset as UTF-8 (e.g. iconv -f latin1 -t utf-8) and update source.sha256") from None
+
+    def read(self):
+        return "".join(self)
 
 
 def _log(msg: str) -> None:
@@ -98,16 +136,18 @@ def _log(msg: str) -> None:
 
 def load_spec(path: str | os.PathLike) -> dict:
     """Read and schema-validate a corpus spec; also checks the template placeholders."""
-    import yaml
+    from .studyyaml import StudyYamlError, load
 
     path = Path(path)
     if not path.exists():
         raise CorpusError(f"{path}: corpus spec not found; pass an existing file to --spec (see corpora/embedded/*.yaml)")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            spec = yaml.safe_load(fh)
-    except yaml.YAMLError as exc:
-        raise CorpusError(f"{path}: not valid YAML: {exc}") from exc
+    if path.is_dir():
+        raise CorpusError(f"{path}: is a directory; --spec (and corpora.workloads.<name>) names one corpus spec file, "
+                          "e.g. corpora/embedded/code.yaml")
+    try:  # specstudy's reader: file and line for a YAML error, a duplicate key or a non-UTF-8 byte
+        spec = load(path, "corpus spec")
+    except StudyYamlError as exc:
+        raise CorpusError(str(exc)) from None
     try:
         schemas.validate(spec, "corpus-spec", path)
     except schemas.ValidationError as exc:
@@ -519,6 +559,14 @@ def build(spec_path: str | os.PathLike, out_root: str | os.PathLike, tokenizer: 
     if not items:
         raise CorpusError(f"{src_path}: no usable rows for format {fmt} (empty stratum '{stratum}'); check "
                           f"source.path and format in {spec_path}")
+    first_at: dict[str, str] = {}
+    for item in items:  # a dataset concatenated twice would sample the same prompt twice
+        key = canonical_json([item["source_id"], item["messages"]])
+        if key in first_at:
+            raise CorpusError(f"{item['where']}: duplicate row: id {item['source_id']!r} with the same prompt as "
+                              f"{first_at[key]}; remove the repeated rows (a file concatenated twice?) and update "
+                              f"source.sha256 in {spec_path}")
+        first_at[key] = item["where"].rsplit(": ", 1)[-1]
 
     if counter is None and tokenizer is not None:
         counter = TokenCounter(tokenizer)
@@ -657,7 +705,14 @@ def load_corpus(corpus_dir: str | os.PathLike) -> dict:
     path = _corpus_json_path(corpus_dir)
     if not path.exists():
         raise CorpusError(f"{path}: corpus.json not found; build it with `specstudy corpus build --spec <spec>`")
-    return atomic.read_json(path)
+    try:
+        return atomic.read_json(path)
+    except atomic.BadFile:
+        head = path.read_text(encoding="utf-8", errors="replace")[:4000]
+        if "specstudy.corpus-spec" in head or ("format:" in head and "source:" in head):
+            raise CorpusError(f"{path}: this is a corpus spec (YAML), not a built corpus.json; build the corpus with "
+                              f"`specstudy corpus build --spec {path}` and pass its output directory") from None
+        raise
 
 
 def load_prompts(corpus_dir: str | os.PathLike) -> list[dict]:

@@ -26,10 +26,9 @@ as declared.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
-
-import yaml
 
 from . import plan as planmod
 
@@ -94,18 +93,47 @@ def measured(results: str | Path) -> dict:
 
 
 # ------------------------------------------------------------------------------- profile
+def read_profile(profile: str | Path) -> tuple[dict, Path]:
+    """A Snakemake profile's ``config.yaml`` (a directory or the file) as a mapping, and its path; a missing
+    file, a YAML error or a non-mapping name the file."""
+    from .errors import UserError
+    from .studyyaml import StudyYamlError, load
+
+    path = Path(profile)
+    path = path / "config.yaml" if path.is_dir() else path
+    try:
+        raw = load(path, "Snakemake profile") or {}
+    except StudyYamlError as exc:
+        raise UserError(f"--profile: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: the Snakemake profile must be a mapping of options (executor, cores, jobs, ...)")
+    return raw, path
+
+
+def _profile_int(raw: dict, key: str, path: Path, default: int) -> int:
+    from .errors import UserError
+
+    v = raw.get(key)
+    if v is None:
+        return default
+    if key == "cores" and v == "all":  # Snakemake's own spelling: every CPU of the machine
+        return os.cpu_count() or 1
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise UserError(f"{path}: field '{key}': {v!r} is not a positive whole number; write e.g. {key}: 2"
+                        + (" (or cores: all)" if key == "cores" else ""))
+    return v
+
+
 def profile_info(profile: str | Path | None) -> dict:
     """Parallel deployment slots and nodes per deployment job of a Snakemake profile directory."""
     if not profile:
         return {"name": "(none)", "executor": "local", "slots": 1, "nodes": {}}
-    path = Path(profile)
-    path = path / "config.yaml" if path.is_dir() else path
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    raw, path = read_profile(profile)
     executor = raw.get("executor", "local")
     if executor == "slurm":
-        slots = int(raw.get("jobs") or 1)
+        slots = _profile_int(raw, "jobs", path, 1)
     else:
-        slots = max(1, int(raw.get("cores") or 1) // 2)  # deployment jobs take threads: 2
+        slots = max(1, _profile_int(raw, "cores", path, 1) // 2)  # deployment jobs take threads: 2
     cap = (raw.get("resources") or {}).get("deployments")  # each deployment job takes one unit
     if isinstance(cap, int) and cap > 0:
         slots = min(slots, cap)
@@ -252,12 +280,30 @@ def render(pv: dict, config_path: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+#: A study whose preview exceeds this is a mistake in the config (a count off by orders of magnitude), not a plan.
+MAX_WALL_S = 365 * 86400.0
+
+
+def check_sane(pv: dict, config_path: str = "the study config") -> None:
+    """Refuse a preview beyond :data:`MAX_WALL_S` of wall time, naming the fields that drive it."""
+    from .errors import UserError
+
+    wall = pv["total"]["wall_s"]
+    if wall > MAX_WALL_S:
+        raise UserError(f"{config_path}: the study would take {wall / 86400:.3g} days of wall time "
+                        f"({pv['total']['requests']} requests in {pv['total']['cells']} cells, "
+                        f"{pv['total']['node_hours']:.3g} node-hours), more than {MAX_WALL_S / 86400:.0f} days: check "
+                        "cells.requests, cells.warmup_requests, screen.repeats and screen.concurrency (a count off "
+                        "by orders of magnitude?)")
+
+
 def cmd(args) -> int:
     from .config import load_config
 
     cfg = load_config(args.config)
     pv = preview(cfg, args.profile, args.results)
     print(render(pv, args.config), end="")
+    check_sane(pv, args.config)
     if getattr(args, "json", None):
         from . import atomic
 

@@ -316,6 +316,9 @@ def _write_failed_cell(job: _Job, entry: dict, code: str, detail: str) -> None:
 
     s = cellmod.failed_summary(_keys(job.spec, entry["cell"], job.deployment_id), entry["corpus"], code, detail,
                                fingerprint=entry["fingerprint"])
+    from .integrity import seal
+
+    seal(s)
     path = job.attempt / _cell_rel(entry["cell"]) / "summary.json"
     atomic.write_json(path, s)
     _publish_cell(job, entry, path, code)

@@ -24,6 +24,9 @@ def explain(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename or exc}: file not found. Check the path (relative paths are relative to {_cwd()})."
+    if isinstance(exc, (NotADirectoryError, FileExistsError)):
+        return (f"{exc.filename}: a file is in the way: an output directory was to be created there (an --out "
+                "that is a file?); pass an --out path that is a directory or does not exist yet, or move the file")
     if isinstance(exc, IsADirectoryError):
         return f"{exc.filename}: is a directory, a file was expected."
     if isinstance(exc, PermissionError):

@@ -69,3 +69,27 @@ def verify_lock(lock_path: str | os.PathLike, prereg_file: str | os.PathLike) ->
         f"{lock_path} locked sha256 {lock.get('sha256')}, the file now hashes to {current}. "
         f"A pre-registered design must not change after the fact: restore the file (e.g. git checkout {prereg_file}) "
         "or start a new study in a new results directory.")
+
+
+def verify_recorded(results: str | os.PathLike, prereg_file: str | os.PathLike) -> None:
+    """Every screening deployment record carries the sha256 of the pre-registration it ran under
+    (``prereg_sha256``): refuse (ConfigError) when one differs from the file, so that deleting
+    ``results/screen/prereg-lock.json`` after an edit cannot launder the edit into a fresh lock."""
+    results, prereg_file = Path(results), Path(prereg_file)
+    screen = results / "screen"
+    if not screen.is_dir():
+        return
+    current = atomic.sha256_file(prereg_file)
+    lock = screen / "prereg-lock.json"
+    for rec in sorted(screen.glob("*/*/deployment.json")):
+        try:
+            recorded = atomic.read_json(rec).get("prereg_sha256")
+        except atomic.BadFile as exc:
+            raise ConfigError(str(exc)) from None
+        if recorded and recorded != current:
+            raise ConfigError(
+                f"{prereg_file}: screening results were measured under another pre-registration: {rec} records "
+                f"prereg_sha256 {recorded}, the file now hashes to {current}"
+                + ("" if lock.exists() else f" (and {lock} is missing: deleting the lock does not unlock an edit)")
+                + f". Restore the pre-registration the study locked (e.g. git checkout {prereg_file}) or start a new "
+                  "study in a new results directory.")

@@ -15,6 +15,7 @@ a fresh server, valid cells with the same fingerprint reused, the others measure
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,17 +45,80 @@ def snakemake_command(targets: list[str], *, profile: str | None = "profiles/loc
     return cmd
 
 
+CELL_PATTERN = "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>/summary.json"
+PATTERNS = (CELL_PATTERN + " (a cell: re-runs its deployment)",
+            "results/<phase>/<arm>/<rep>/deployment.json (a whole deployment)",
+            "results/report/report.md, results/selection/selection.json, ... (any other output of the workflow)")
+_CELL_RE = re.compile(r"^results/(?P<phase>[^/]+)/(?P<arm>[^/]+)/(?P<rep>[^/]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/"
+                      r"summary\.json$")
+
+
+def _existing_cells(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.glob("results/*/*/*/*/c*/summary.json")
+                  if "/attempts/" not in str(p))
+
+
+def _planned_cells(directory: Path) -> dict[str, list[str]]:
+    """Per phase with a plan file: the cell paths of its deployments (none when the plan is unreadable)."""
+    import json
+
+    out: dict[str, list[str]] = {}
+    for plan in sorted((directory / "results" / "plan").glob("*.json")):
+        try:
+            data = json.loads(plan.read_text(encoding="utf-8"))
+            out[plan.stem] = [f"results/{plan.stem}/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json"
+                              for d in data["deployments"] for c in d["cells"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _nearest(target: str, candidates: list[str], n: int = 3) -> str:
+    from rapidfuzz import process
+
+    best = [m for m, _score, _ in process.extract(target, sorted(set(candidates)), limit=n)]
+    return ", ".join(best) if best else "none yet (no cell has been planned or measured here)"
+
+
 def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> None:
-    """Refuse paths that are not results of this workflow (a typo would otherwise run nothing or everything)."""
+    """Refuse paths that are not results of this workflow (a typo would otherwise run nothing or everything,
+    or end in Snakemake's bare MissingRuleException): the message gives the valid patterns and the nearest
+    cells that exist or are planned."""
+    directory = Path(directory)
+    planned = _planned_cells(directory)
+    known = _existing_cells(directory) + [c for cells in planned.values() for c in cells]
+    patterns = "; ".join(PATTERNS)
     for t in targets:
         norm = os.path.normpath(t)
         if not norm.startswith("results/"):
-            raise UserError(f"rerun: {t}: not a path under results/ (relative to {Path(directory).resolve()}); "
-                            "e.g. results/screen/baseline/rep1/code/c1/summary.json")
+            raise UserError(f"rerun: {t}: not a path under results/ (relative to {directory.resolve()}); valid "
+                            f"patterns: {patterns}; e.g. results/screen/baseline/rep1/code/c1/summary.json")
+        if t.endswith("/") or (directory / norm).is_dir():
+            inside = [c for c in known if c.startswith(norm + "/")]
+            raise UserError(f"rerun: {t}: is a directory, not a result; name the cells to re-run "
+                            f"({CELL_PATTERN}): {_nearest(norm, inside or known, 5)}")
+        if not norm.endswith("summary.json"):
+            continue
+        m = _CELL_RE.match(norm)
+        if not m:
+            raise UserError(f"rerun: {t}: not a cell path (a cell is {CELL_PATTERN}); valid patterns: {patterns}. "
+                            f"Nearest cells: {_nearest(norm, known)}")
+        phase = m["phase"]
+        if phase in planned and norm not in planned[phase] and not (directory / norm).exists():
+            arms = sorted({c.split("/")[2] for c in planned[phase]})
+            plan = f"results/plan/{phase}.json"
+            if m["arm"] not in arms:
+                raise UserError(f"rerun: {t}: {m['arm']!r} is not an arm of {plan} (its arms: {', '.join(arms)}); "
+                                f"nearest cells: {_nearest(norm, planned[phase])}")
+            raise UserError(f"rerun: {t}: not a cell of {plan}; nearest cells: {_nearest(norm, planned[phase])}")
 
 
 def _cmd_rerun(args) -> int:
     check_targets(args.paths)
+    if args.configfile:  # the pre-flight before Snakemake reads it (its own errors name neither file nor line)
+        from .config import load_config
+
+        load_config(args.configfile)
     cmd = snakemake_command(args.paths, profile=args.profile or None, configfile=args.configfile,
                             dry_run=args.dry_run, cores=args.cores)
     print("+ " + " ".join(cmd), flush=True)

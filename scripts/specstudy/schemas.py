@@ -27,6 +27,28 @@ def load_schema(name: str) -> dict:
         return json.load(fh)
 
 
+@cache
+def _registry():
+    """Every schema under its ``$id`` (``specstudy/<name>``), so that one schema can ``$ref`` another
+    (the study config's ``capacity.gates`` is the capacity-gates schema: one source of truth)."""
+    from referencing import Registry, Resource
+
+    resources = []
+    for path in sorted(SCHEMA_DIR.glob("*.schema.json")):
+        schema = load_schema(path.name[: -len(".schema.json")])
+        if "$id" in schema:
+            resources.append((schema["$id"], Resource.from_contents(schema)))
+    return Registry().with_resources(resources)
+
+
+#: Fields on a [0, 1] scale: a value above 1 there is almost always a percent (5 for 5 %).
+def _percent_hint(err) -> str:
+    if err.validator in ("maximum", "exclusiveMaximum") and err.validator_value == 1 and isinstance(err.instance, (int, float)) \
+            and 1 < err.instance <= 100:
+        return f"; this field is a fraction in [0, 1]: write {err.instance / 100:g} for {err.instance:g} %"
+    return ""
+
+
 def _field(error) -> str:
     parts = [str(p) for p in error.absolute_path]
     return ".".join(parts) if parts else "(top level)"
@@ -38,7 +60,7 @@ def errors(record: Any, name: str) -> list[str]:
 
     schema = load_schema(name)
     validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema)
+    validator = validator_cls(schema, registry=_registry())
     out = []
     for err in sorted(validator.iter_errors(record), key=lambda e: list(map(str, e.absolute_path))):
         allowed = ""
@@ -47,7 +69,7 @@ def errors(record: Any, name: str) -> list[str]:
         elif err.validator == "additionalProperties":
             known = sorted(err.schema.get("properties", {}))
             allowed = f" (known fields here: {', '.join(known)})"
-        out.append(f"field '{_field(err)}': {err.message}{allowed}")
+        out.append(f"field '{_field(err)}': {err.message}{allowed}{_percent_hint(err)}")
     return out
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from .arms import ARM_RE, is_arm_name, parse_arm
+from .errors import UserError
 from .records import (
     CellSummary,
     DeploymentRecord,
@@ -221,8 +222,9 @@ SORT_KEYS = {
 }
 
 
-class TablesError(ValueError):
-    """A raw artifact cannot be turned into a table row; the message names file, field and fix."""
+class TablesError(UserError):
+    """A raw artifact cannot be turned into a table row; the message names file, field and fix (bad input:
+    ``specstudy tables`` prints it as one line)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,6 +573,17 @@ def _read(reader, path: Path):
         raise TablesError(str(exc)) from exc
 
 
+def _verify_summary(path: Path, **where) -> None:
+    """Results verified, not trusted (specstudy.integrity): fields the schema forbids refused, the keys
+    against the path, the digest against the content."""
+    from . import integrity
+
+    raw = json.loads(path.read_bytes())
+    integrity.verify_fields(raw, path)
+    integrity.verify_place(raw, path, **where)
+    integrity.verify_digest(raw, path)
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
     with open(path, encoding="utf-8") as fh:
@@ -641,7 +654,10 @@ def collect(results: str | Path) -> dict[str, list[dict]]:
                 m = CONC_RE.match(cdir.name)
                 spath = cdir / "summary.json"
                 if m and spath.exists():
-                    row = cell_row(_read(read_cell_summary, spath))
+                    summary = _read(read_cell_summary, spath)
+                    _verify_summary(spath, phase=phase, arm=arm, rep=rep, rep_label=rdir.name, workload=wdir.name,
+                                    concurrency=int(m[1]))
+                    row = cell_row(summary)
                     row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
                     row["kind"], row["rep_label"] = _kind_of(rdir.name), rdir.name
                     row["workload"], row["concurrency"] = wdir.name, int(m[1])

@@ -206,11 +206,18 @@ def load_cell(cell_dir: str | Path) -> dict:
     for i, r in enumerate(rows):
         if "request_index" not in r:
             raise UpstreamError(f"{d / 'requests.jsonl'} line {i + 1}: missing field 'request_index'")
+    summary = atomic.read_json(d / "summary.json")
+    cell_ = meta["cell"]
+    lacking = [k for k in ("workload", "concurrency", "repeat") if not isinstance(cell_, dict) or k not in cell_]
+    if lacking:
+        raise UpstreamError(f"{d / 'metadata.json'}: field 'cell' must name the cell as a mapping with workload, "
+                            f"concurrency and repeat (lacking: {', '.join('cell.' + k for k in lacking)}; got "
+                            f"{cell_!r}); re-copy metadata.json from the upstream run's cell directory")
     return {
         "dir": d,
         "metadata": meta,
         "rows": rows,
-        "summary": atomic.read_json(d / "summary.json"),
+        "summary": summary,
         "before": (d / "metrics_before.prom").read_text(encoding="utf-8"),
         "after": (d / "metrics_after.prom").read_text(encoding="utf-8"),
     }
@@ -379,7 +386,9 @@ def import_cell(cell_dir: str | Path, out_root: str | Path, phase: str = "upstre
         tmp = out / f".{name}.tmp"
         shutil.copyfile(Path(cell_dir) / name, tmp)
         tmp.replace(out / name)
-    atomic.write_json(out / "summary.json", summary)
+    from .integrity import seal
+
+    atomic.write_json(out / "summary.json", seal(summary))
     return out
 
 
