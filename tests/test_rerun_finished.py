@@ -192,6 +192,10 @@ def test_rerun_of_an_unchanged_screening_cell_leaves_the_study_as_it_was(study):
             assert after[p][1] == before[p][1], f"{p} was rewritten"
     log = (study / "results/logs/screen/ngram-k4/rep1.log").read_text()
     assert "no cell to measure" in log and "deployment record unchanged" in log, log[-2000:]
+    # a second re-run republishes the measured record again, not the first republication's
+    (study / cell).unlink()
+    sm(study, cell)
+    assert [p for p in kept if (study / p).read_bytes() != before[p][0]] == []
     # 2. nothing downstream looks out of date: no gate, selection, round checkpoint, capacity search or report
     _nothing_to_do(study)
     # 3. asking for the selection runs nothing and leaves the protected file as it was
@@ -317,3 +321,47 @@ def test_capacity_never_reruns_for_touched_rounds_or_records_and_an_unchanged_re
     deployment_run.publish_capacity(work, out)
     counts = job_counts(sm(study, "-n", "all").stdout)
     assert counts.get("build_report") == 1 and "capacity_search" not in counts and "select" not in counts, counts
+
+
+def test_a_tree_whose_selection_was_rewritten_stops_cleanly_and_names_the_repair(study):
+    """The state the issue ended in: the selection rewritten after confirmation was planned (same arms,
+    new digest). Every run stops at parse with the file and the fix, never an InputFunctionException."""
+    from specstudy.select import selection_digest
+
+    sel_path = study / SELECTION
+    sel = json.loads(sel_path.read_text())
+    sel["inputs"][0]["sha256"] = "0" * 64
+    sel["digest"] = selection_digest(sel)
+    sel_path.chmod(0o644)
+    atomic.write_json(sel_path, sel)
+    for target in ("all", "report"):
+        proc = sm(study, "-n", target, check=False)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "differs from the one recorded in" in out, out[-2000:]
+        assert "specstudy check-results" in out and "Traceback" not in out and "InputFunctionException" not in out
+    proc = _check_results(study)
+    assert proc.returncode == 1 and "NOT OK confirmation plan" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "repair: make confirm-again RESELECT=1"
+    proc = _check_results(study, "--repair")  # needs a decision: printed, never run
+    assert proc.returncode == 1 and (study / CONFIRM_PLAN).exists()
+
+
+def test_replace_if_changed_and_what_a_deployment_record_s_content_is(tmp_path):
+    from specstudy.content import same_deployment
+
+    f = tmp_path / "x.json"
+    assert atomic.write_json_if_changed(f, {"a": 1})
+    os.utime(f, (1000, 1000))
+    assert not atomic.write_json_if_changed(f, {"a": 1}) and f.stat().st_mtime == 1000
+    assert atomic.write_json_if_changed(f, {"a": 2}) and f.stat().st_mtime != 1000
+    cells = [{"workload": "code", "concurrency": 1, "summary": "s1", "status": "valid", "deployment_id": "d"},
+             {"workload": "code", "concurrency": 4, "summary": "s4", "status": "rejected", "deployment_id": "d"}]
+    rec = {"deployment_id": "d", "status": "ok", "cells": cells}
+    republished = dict(rec, reused_by="d2", cells=[dict(c, status="reused") for c in reversed(cells)])
+    assert same_deployment(rec, republished)
+    assert not same_deployment(rec, dict(rec, deployment_id="d2"))
+    assert not same_deployment(rec, dict(rec, cells=[dict(cells[0], summary="other"), cells[1]]))
+    assert atomic.write_json_if_changed(f, rec)
+    assert not atomic.write_json_if_changed(f, republished, same=same_deployment)
+    f.write_text("{truncated")
+    assert atomic.write_json_if_changed(f, rec, same=same_deployment)  # an unreadable old file is never the same
