@@ -4,8 +4,8 @@ The module builds one finished mini-study of the embedded default (a copy of the
 tests do): every deployment with its attempt (cells with the fingerprints the deployment job computes, a
 schema-valid record), the gates, tables, report and capacity results written as files, and everything that
 only reads files run by the real Snakemake (select, plan_confirm, the round checkpoints, final_candidate);
-the remaining jobs' metadata comes from ``snakemake --touch``, so the tree is what a finished ``make study``
-leaves: Snakemake has recorded every job's inputs and their sha256. A deployment job re-run by its path
+then ``snakemake --touch --forceall all`` records every job's metadata, so the tree is what a finished
+``make study`` leaves: Snakemake has recorded every job's inputs and their sha256. A deployment job re-run by its path
 runs for real (``specstudy deployment run``): its cells are valid with the same fingerprint, so it reuses
 them and starts no server (vLLM only has to exist). Each test works on its own copy of the finished tree.
 """
