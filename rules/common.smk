@@ -46,13 +46,15 @@ if _LOCK.exists():
         raise WorkflowError(str(exc)) from None
 # Once confirmation has a plan the selection is locked (specstudy.selection_lock): an edited selection, or
 # screening files whose content changed since it was made, stop every run here, before any job, naming the
-# files and the fix (never an InputFunctionException, never a silent new selection).
+# files and the fix (never an InputFunctionException, never a silent new selection). Checked by the main
+# Snakemake process only: a job's own parse (a Slurm job) runs what the main process already scheduled.
 from specstudy import selection_lock as _selection_lock  # noqa: E402
 
-try:
-    _selection_lock.check(".")
-except _selection_lock.LockBroken as exc:
-    raise WorkflowError(str(exc)) from None
+if workflow.is_main_process:
+    try:
+        _selection_lock.check(".")
+    except _selection_lock.LockBroken as exc:
+        raise WorkflowError(str(exc)) from None
 SELECTION_LOCKED = _selection_lock.locked(".")
 
 
