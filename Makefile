@@ -72,8 +72,9 @@ bench-decision: install
 
 # Run the confirmation again from scratch (same screening, selection, locked pre-registration and plan) and
 # show the decisions and stability figures of every confirmation run so far (issue #15 item 5).
+# RESELECT=1: screening data changed after the selection was locked; archive the selection and its plan too.
 confirm-again: install
-	$(BIN)/specstudy confirm-archive --results results --to results-archive
+	$(BIN)/specstudy confirm-archive --results results --to results-archive $(if $(RESELECT),--reselect)
 	$(BIN)/snakemake --profile $(PROFILE) confirm
 	$(BIN)/specstudy confirm-show results-archive/confirm-* results/confirm/rounds
 

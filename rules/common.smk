@@ -60,6 +60,30 @@ try:
     _verify_recorded("results", PREREG_FILE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+# Once confirmation has a plan the selection is locked (specstudy.selection_lock): an edited selection, or
+# screening files whose content changed since it was made, stop every run here, before any job, naming the
+# files and the fix (never an InputFunctionException, never a silent new selection). Checked by the main
+# Snakemake process only: a job's own parse (a Slurm job) runs what the main process already scheduled.
+from specstudy import selection_lock as _selection_lock  # noqa: E402
+
+if workflow.is_main_process:
+    try:
+        _selection_lock.check(".")
+    except _selection_lock.LockBroken as exc:
+        raise WorkflowError(str(exc)) from None
+SELECTION_LOCKED = _selection_lock.locked(".")
+
+
+def unless_locked(inputs):
+    """The selection's inputs, ``ancient`` while the selection is locked: a re-run screening cell never
+    re-runs the selection (a changed one stops the next run at parse, above)."""
+    def wrapped(wildcards):
+        files = inputs(wildcards)
+        return [ancient(f) for f in files] if SELECTION_LOCKED else files
+
+    return wrapped
+
+
 # Nothing is written while the workflow is parsed (a dry run writes nothing). A report or tables built
 # from a checkpoint output that is now missing are stale: report_inputs/tables_inputs plan them again
 # (so a dry run shows it), and the onstart handler below moves them aside (never deleted) before any
@@ -498,8 +522,11 @@ def capacity_inputs(wildcards):
 
 
 def confirm_records_of_arm(arm):
-    p = confirm_plan_active()
-    return [record_path("confirm", d["arm"], d["rep"]) for d in p["deployments"] if d["arm"] == arm and d["kind"] == "repeat"][:1]
+    """The arm's first confirmation record (round 1, always run): read from the plan, not from the round
+    checkpoints, so that a round checkpoint planned again never puts the capacity search in the DAG."""
+    p = confirm_plan()
+    return [record_path("confirm", d["arm"], d["rep"]) for d in p["deployments"]
+            if d["arm"] == arm and d["kind"] == "repeat" and d["round"] <= CONFIRM_INITIAL][:1]
 
 
 def stale_inputs(dependent):

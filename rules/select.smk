@@ -3,10 +3,11 @@
 
 checkpoint select:
     input:
-        summaries=screen_repeat_cells,
-        deployments=screen_repeat_records,
-        gates=gates_of_screen,
-        lock="results/screen/prereg-lock.json",
+        # ancient while confirmation's plan locks the selection (rules/common.smk: unless_locked)
+        summaries=unless_locked(screen_repeat_cells),
+        deployments=unless_locked(screen_repeat_records),
+        gates=unless_locked(gates_of_screen),
+        lock=ancient("results/screen/prereg-lock.json"),
     output:
         # Protected: confirmation consumes it only while its digest and the plan's sha256 match.
         selection=protected("results/selection/selection.json"),
@@ -21,7 +22,7 @@ checkpoint select:
     shell:
         "specstudy select --config {params.config} --lock {input.lock} --summaries {input.summaries} "
         "--deployments {input.deployments} --gates {input.gates} --screen-root results/screen "
-        "--out {output.selection} > {log} 2>&1"
+        "--confirm-plan results/plan/confirm.json --out {output.selection} > {log} 2>&1"
 
 
 checkpoint final_candidate:

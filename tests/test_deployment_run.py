@@ -124,7 +124,12 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     again = atomic.read_json(out / "code" / "c2" / "summary.json")
     assert again["keys"]["deployment_id"] == rec["deployment_id"]
     assert len(list((out / "attempts").iterdir())) == 2
-    assert not (out / "attempts" / atomic.read_json(out / "deployment.json")["reused_by"] / "launch.log").exists()
+    # nothing changed: the declared record keeps the measured record's bytes (issue #33); the new attempt holds
+    # this job's own record, which names it as the republisher, and no launch log (no server started)
+    assert (out / "deployment.json").read_bytes() == (out / "attempts" / rec["deployment_id"] / "record.json").read_bytes()
+    new = next(d for d in (out / "attempts").iterdir() if d.name != rec["deployment_id"])
+    assert atomic.read_json(new / "record.json")["reused_by"] == new.name
+    assert not (new / "launch.log").exists()
 
 
 def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built, vllm_available, monkeypatch):

@@ -206,6 +206,9 @@ def test_selection_reads_only_screening_files_and_confirmation_only_runs_its_pic
     out = sm(workdir, "-n", "-p", "results/selection/selection.json").stdout
     assert job_counts(out) == {"select": 1}
     cmd = next(line for line in out.splitlines() if "specstudy select" in line)
+    # the confirmation plan is named only as the lock (the selection is never rewritten once it exists), not read
+    assert " --confirm-plan results/plan/confirm.json " in cmd
+    cmd = cmd.replace(" --confirm-plan results/plan/confirm.json ", " ")
     inputs = [p for p in re.findall(r"results/\S+\.json", cmd)
               if not p.startswith("results/.config/") and p != "results/selection/selection.json"]
     # screening outputs only: cells, deployment records, and the screening gates (an arm whose gate failed

@@ -56,6 +56,37 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, dumps_json(obj))
 
 
+def replace_if_changed(path: str | os.PathLike, data: bytes, same=None) -> bool:
+    """Write ``data`` to ``path`` atomically unless the file already holds the same content; True when written.
+
+    Content is the bytes, or, given ``same(old_bytes, new_bytes) -> bool``, what that comparison says
+    (e.g. a record compared without the fields of the publishing step). An unchanged file keeps its
+    bytes and its mtime, so nothing downstream of it looks out of date (docs/deployments.md, "Re-running
+    a finished study").
+    """
+    path = Path(path)
+    try:
+        old = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        old = None
+    if old is not None and (old == data or (same is not None and _same(same, old, data))):
+        return False
+    write_bytes(path, data)
+    return True
+
+
+def _same(same, old: bytes, new: bytes) -> bool:
+    try:
+        return bool(same(old, new))
+    except ValueError:  # an unreadable old file is never "the same"
+        return False
+
+
+def write_json_if_changed(path: str | os.PathLike, obj: Any, same=None) -> bool:
+    """:func:`write_json` unless ``path`` already holds this content (:func:`replace_if_changed`)."""
+    return replace_if_changed(path, dumps_json(obj).encode("utf-8"), same)
+
+
 def write_jsonl(path: str | os.PathLike, rows) -> Path:
     text = "".join(json.dumps(r, sort_keys=True, allow_nan=False, default=str) + "\n" for r in rows)
     return write_text(path, text)

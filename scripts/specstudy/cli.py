@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "ignore_eos",
     "profiling",
     "rerun",
+    "check_results",
     "checkconfig",
     "extension_cli",
 ]

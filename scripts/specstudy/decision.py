@@ -568,7 +568,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
         "prereg_sha256": lock["sha256"],
         "inputs": [{"path": p, "sha256": sha256_file(p)} for p in [*summary_paths, *gate_paths, plan_path]],
     }
-    atomic.write_json(out, state)
+    atomic.write_json_if_changed(out, state)  # an unchanged checkpoint keeps its bytes and time
     return state
 
 
@@ -589,26 +589,30 @@ def _cmd_checkpoint(args) -> int:
 # Running confirmation again (issue #15 item 5): archive one run's confirmation, compare runs
 # ---------------------------------------------------------------------------------------------
 CONFIRM_OUTPUTS = ("confirm", "gates/confirm", "deployment-failures/confirm", "logs/confirm")
+#: with ``reselect``: the locked selection, the plan built from it and what followed from it (capacity)
+RESELECT_OUTPUTS = ("selection", "plan/confirm.json", "capacity", "logs/selection", "logs/capacity")
 
 
-def archive_confirmation(results: str, to: str, stamp: str | None = None) -> str:
+def archive_confirmation(results: str, to: str, stamp: str | None = None, reselect: bool = False) -> str:
     """Move this run's confirmation outputs to ``<to>/confirm-<stamp>/`` so that confirmation runs again from scratch.
 
     Screening, the selection and the plans stay: the next confirmation runs under the same locked
-    pre-registration and the same seed-determined plan.
+    pre-registration and the same seed-determined plan. With ``reselect`` (screening data changed after the
+    selection was locked: specstudy.selection_lock) the selection, the confirmation plan and the capacity
+    results move too, so that the next run selects again from the screening files as they are now.
     """
     import shutil
     import time
     from pathlib import Path
 
     res = Path(results)
-    if not (res / "confirm" / "rounds").is_dir():
+    if not (res / "confirm" / "rounds").is_dir() and not (reselect and (res / "plan" / "confirm.json").exists()):
         raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
                                 "confirm` first)")
     dest = Path(to) / f"confirm-{stamp or time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     if dest.exists():
         raise DecisionRuleError(f"{dest}: already exists; pick another --stamp")
-    for rel in CONFIRM_OUTPUTS:
+    for rel in CONFIRM_OUTPUTS + (RESELECT_OUTPUTS if reselect else ()):
         if (res / rel).exists():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(res / rel), str(dest / rel))
@@ -649,11 +653,13 @@ def _cmd_show(args) -> int:
 
 def _cmd_archive(args) -> int:
     try:
-        dest = archive_confirmation(args.results, args.to, args.stamp)
+        dest = archive_confirmation(args.results, args.to, args.stamp, reselect=args.reselect)
     except DecisionRuleError as exc:
         print(f"error: {exc}")
         return 2
-    print(f"confirmation outputs moved to {dest}; `snakemake confirm` now runs confirmation again from round 1")
+    what = "confirmation outputs, the selection and its plan" if args.reselect else "confirmation outputs"
+    print(f"{what} moved to {dest}; `snakemake confirm` now runs confirmation again from round 1"
+          + (" after selecting again from the screening files" if args.reselect else ""))
     return 0
 
 
@@ -662,6 +668,8 @@ def register(sub) -> None:
     p.add_argument("--results", default="results")
     p.add_argument("--to", default="results-archive")
     p.add_argument("--stamp", default=None, help="suffix of the archive directory (default: UTC time)")
+    p.add_argument("--reselect", action="store_true", help="also archive the locked selection, the confirmation "
+                   "plan and capacity: the next run selects again (screening data changed after the lock)")
     p.set_defaults(func=_cmd_archive)
     p = sub.add_parser("confirm-show", help="decision, rounds and stability of one or more confirmation runs")
     p.add_argument("runs", nargs="+", help="results/confirm/rounds, results-archive/confirm-<stamp>, or round files")

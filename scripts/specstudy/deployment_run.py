@@ -301,8 +301,9 @@ def _prepare_cells(job: _Job, plan: Plan | None, plan_path: str | None) -> None:
 
 
 def _publish_cell(job: _Job, entry: dict, summary_path: Path, status: str) -> None:
-    atomic.write_bytes(entry["declared"], summary_path.read_bytes())
-    if status == "reused":  # unchanged content keeps its time: nothing downstream of it looks out of date
+    # Only what changed is written: a declared summary already holding these bytes keeps them and its time.
+    written = atomic.replace_if_changed(entry["declared"], summary_path.read_bytes())
+    if written and status == "reused":  # unchanged content keeps its time: nothing downstream looks out of date
         st = summary_path.stat()
         os.utime(entry["declared"], ns=(st.st_atime_ns, st.st_mtime_ns))
     s = atomic.read_json(summary_path)
@@ -342,8 +343,35 @@ def _publish_without_server(job: _Job) -> int:
     rec["cells"] = job.cell_records
     rec["reused_by"] = job.deployment_id
     job.progress.close()
-    _write_record(job.out, job.attempt, rec)
+    same = _equivalent_record(job.out, rec)
+    if same is None:
+        _write_record(job.out, job.attempt, rec)
+        return 0
+    # Nothing changed: the attempt keeps this job's record (who republished, when), and the declared record
+    # gets the bytes of the record it republishes, so that nothing downstream sees new content.
+    from . import schemas
+
+    schemas.validate(rec, "deployment", f"{job.attempt}/record.json")
+    atomic.write_json(job.attempt / "record.json", rec)
+    atomic.replace_if_changed(job.out / "deployment.json", same.read_bytes())
+    job.log(f"deployment record unchanged: republished {same}")
     return 0
+
+
+def _equivalent_record(out: Path, rec: dict) -> Path | None:
+    """An earlier attempt's record describing the same deployment as ``rec`` (content.same_deployment): the
+    measured one (no ``reused_by``) if there is one, else the oldest republication."""
+    from .content import same_deployment
+
+    found = []
+    for path in (out / "attempts").glob("*/record.json"):
+        try:
+            old = atomic.read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(old, dict) and same_deployment(old, rec):
+            found.append(("reused_by" in old, path.stat().st_mtime_ns, str(path), path))
+    return min(found)[3] if found else None
 
 
 def _launch_and_wait_ready(job: _Job) -> bool:
@@ -690,11 +718,12 @@ def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> 
     """The record goes to the attempt; ``publish`` also makes it the declared ``deployment.json``
     (not for a cancelled job: its outputs stay missing, so re-running the target resumes the study)."""
     from . import schemas
+    from .content import same_deployment
 
     schemas.validate(rec, "deployment", f"{attempt}/record.json")
     atomic.write_json(attempt / "record.json", rec)
-    if publish:
-        atomic.write_json(out / "deployment.json", rec)
+    if publish:  # a republication of the same deployment (cells reused, no server) leaves the file as it is
+        atomic.write_json_if_changed(out / "deployment.json", rec, same=same_deployment)
 
 
 CAPACITY_FILES = ("gates.json", "steps.jsonl", "soaks.jsonl", "capacity.png", "knee.json")  # knee.json last
@@ -728,7 +757,7 @@ def publish_capacity(work: Path, out: Path) -> None:
     for name in CAPACITY_FILES:
         src = work / name
         if src.exists():
-            atomic.write_bytes(out / name, src.read_bytes())
+            atomic.replace_if_changed(out / name, src.read_bytes())
         else:
             (out / name).unlink(missing_ok=True)
 

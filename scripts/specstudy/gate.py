@@ -816,7 +816,7 @@ def _cmd_judge(args) -> int:
     except (GateInputError, schemas.ValidationError) as exc:
         print(f"specstudy gate judge: {exc}", file=sys.stderr)
         return 2
-    atomic.write_json(args.out, rec)
+    atomic.write_json_if_changed(args.out, rec)  # an unchanged verdict keeps its bytes and time
     print(f"gate {rec['arm']}: {rec['verdict']}" + "".join(f"\n  - {r['code']}: {r['detail']}" for r in rec["reasons"]))
     return 0
 

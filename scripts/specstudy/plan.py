@@ -302,7 +302,7 @@ def _cmd_plan(args) -> int:
     from . import schemas
 
     schemas.validate(plan, "plan", args.out)
-    atomic.write_json(args.out, plan)
+    atomic.write_json_if_changed(args.out, plan)  # an unchanged plan keeps its bytes and time
     print(f"plan: {len(plan['deployments'])} deployments, {sum(len(d['cells']) for d in plan['deployments'])} cells, "
           f"{len(plan['skipped'])} skipped arms -> {args.out}")
     return 0

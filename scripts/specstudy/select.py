@@ -192,7 +192,11 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
 
 
 def run_selection(config_path: str, lock_path: str, summary_paths: list[str], deployment_paths: list[str],
-                  out: str, screen_root: str = "results/screen", gate_paths: list[str] | None = None) -> dict:
+                  out: str, screen_root: str = "results/screen", gate_paths: list[str] | None = None,
+                  confirm_plan: str | None = None) -> dict:
+    """Select from the screening files and write ``out``. With ``confirm_plan`` (the confirmation plan's path)
+    that exists, the selection is locked (specstudy.selection_lock): only the selection the plan recorded
+    may be written (the same screening content gives the same bytes); any other is refused."""
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)
     from .config import ConfigError, prereg_path
@@ -229,14 +233,43 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
     from . import schemas
 
     schemas.validate(result, "selection", out)
-    atomic.write_json(out, result)
+    _refuse_unlocked_rewrite(result, out, confirm_plan)
+    atomic.write_json_if_changed(out, result)
     return result
+
+
+def _refuse_unlocked_rewrite(result: dict, out: str, confirm_plan: str | None) -> None:
+    """Refuse a selection other than the one the confirmation plan (if it exists) was built from."""
+    import hashlib
+
+    if not confirm_plan or not Path(confirm_plan).exists():
+        return
+    plan = read_plan(confirm_plan)
+    recorded = plan.selection.sha256 if plan.selection else None
+    now = hashlib.sha256(atomic.dumps_json(result).encode("utf-8")).hexdigest()
+    if recorded and now == recorded:
+        return
+    from .selection_lock import RESELECT_COMMAND, RESTORE_COMMAND
+
+    old = Path(out)
+    changed = ""
+    if old.exists():
+        from .selection_lock import changed_inputs
+
+        prev = atomic.read_json(old)
+        ch = changed_inputs(prev)
+        changed = (" Changed screening files: " + ", ".join(c.path for c in ch) + ".") if ch else ""
+    raise SelectionError(
+        f"{out}: the confirmation plan {confirm_plan} was built from the selection with sha256 {recorded}; the "
+        f"screening files now give a different selection (sha256 {now}, confirmation arms "
+        f"{result['confirmation_arms']}).{changed} The locked selection is never rewritten: restore the screening "
+        f"files ({RESTORE_COMMAND}), or archive confirmation and select again ({RESELECT_COMMAND})")
 
 
 def _cmd_select(args) -> int:
     try:
         res = run_selection(args.config, args.lock, args.summaries, args.deployments, args.out, args.screen_root,
-                            args.gates)
+                            args.gates, args.confirm_plan)
     except SelectionError as exc:
         print(f"error: {exc}")
         return 2
@@ -253,6 +286,8 @@ def register(sub) -> None:
     p.add_argument("--gates", nargs="*", default=[], help="screening gates (results/gates/screen/<arm>.json): "
                    "an arm whose gate failed is never a candidate")
     p.add_argument("--screen-root", default="results/screen")
+    p.add_argument("--confirm-plan", default=None, help="results/plan/confirm.json: once it exists the selection "
+                   "is locked; only the selection it recorded may be written")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_select)
     register_final(sub)
@@ -366,7 +401,7 @@ def _cmd_final(args) -> int:
     from . import schemas
 
     schemas.validate(res, "final-candidate", args.out)
-    atomic.write_json(args.out, res)
+    atomic.write_json_if_changed(args.out, res)
     print(f"final candidate: {res['arm']} -> {args.out}")
     return 0
 

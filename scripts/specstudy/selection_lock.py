@@ -1,0 +1,90 @@
+"""The locked selection: once the confirmation plan records it, the selection is never written again.
+
+``results/plan/confirm.json`` records the sha256 of the selection it was built from; from then on
+the selection and the screening files it was computed from (its ``inputs``, each with its sha256)
+are the lock. At every parse of the workflow (``rules/common.smk``) :func:`check` compares them:
+
+- a selection that no longer matches its own digest or the plan's sha256, or
+- a screening input that exists with other content than the selection recorded
+
+stops the run before any job, naming the files and the two ways out (restore the screening files
+from their attempts, or archive confirmation with the selection and start it again). A missing
+input is not a change: the job that writes it is about to run again (a deleted cell re-run by its
+path) and its new content is checked at the next parse. While the lock holds, the ``select`` rule's
+inputs are ``ancient`` (a re-run screening cell never re-runs the selection) and ``specstudy select``
+refuses to write a selection other than the one the plan recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import sha256_file
+
+CONFIRM_PLAN = "results/plan/confirm.json"
+SELECTION = "results/selection/selection.json"
+#: the command that archives confirmation with the selection and its plan, so that both are made again
+RESELECT_COMMAND = "make confirm-again RESELECT=1"
+RESTORE_COMMAND = "specstudy check-results --repair"
+
+
+class LockBroken(RuntimeError):
+    """The locked selection or its screening inputs changed; the message names the files and the fix."""
+
+
+@dataclass
+class Changed:
+    path: str
+    recorded: str
+    now: str | None  # None: missing
+
+
+def locked(root: str | os.PathLike = ".") -> bool:
+    """Whether confirmation has a plan (from then on the selection is locked)."""
+    return (Path(root) / CONFIRM_PLAN).exists()
+
+
+def changed_inputs(selection: dict, root: str | os.PathLike = ".", include_missing: bool = False) -> list[Changed]:
+    """The selection's recorded inputs whose content is not what it recorded (missing ones only when asked)."""
+    out = []
+    for entry in selection.get("inputs") or []:
+        p = Path(root) / entry["path"]
+        if not p.exists():
+            if include_missing:
+                out.append(Changed(entry["path"], entry["sha256"], None))
+            continue
+        now = sha256_file(p)
+        if now != entry["sha256"]:
+            out.append(Changed(entry["path"], entry["sha256"], now))
+    return out
+
+
+def check(root: str | os.PathLike = ".") -> None:
+    """Raise :class:`LockBroken` when the locked selection or its screening inputs changed (see module doc)."""
+    from .select import SelectionError, verify_selection
+
+    root = Path(root)
+    if not locked(root) or not (root / SELECTION).exists():
+        return
+    try:
+        sel = verify_selection(root / SELECTION, root / CONFIRM_PLAN)
+    except SelectionError as exc:
+        raise LockBroken(f"{exc}. The confirmation plan {CONFIRM_PLAN} locks the selection it was built from; "
+                         f"`specstudy check-results` says what is consistent and prints the command that repairs "
+                         f"the tree (restore, or archive confirmation and select again: {RESELECT_COMMAND})") from None
+    changed = changed_inputs(sel, root)
+    if changed:
+        raise LockBroken(message(changed))
+
+
+def message(changed: list[Changed]) -> str:
+    files = "; ".join(f"{c.path} (sha256 {c.now[:12]}…, the selection recorded {c.recorded[:12]}…)"
+                      if c.now else f"{c.path} (missing)" for c in changed)
+    return (f"screening data changed after the selection was locked by the confirmation plan {CONFIRM_PLAN}: "
+            f"{files}. The locked selection {SELECTION} is never rewritten; nothing was run. Either restore the "
+            f"screening files the selection was made from (`{RESTORE_COMMAND}` copies them back from their "
+            f"attempts/ where it can; `specstudy check-results` lists what it can restore), or accept the new "
+            f"screening data: `{RESELECT_COMMAND}` archives confirmation, the selection and its plan under "
+            "results-archive/ and runs selection and confirmation again")
