@@ -46,6 +46,7 @@ from typing import Any
 
 from specstudy import atomic
 from specstudy.records import CapacityKnee, CapacityStep, kv_cache_tokens, read_capacity_steps, read_knee, to_record
+from specstudy.stat_util import finite_or_none as _num
 from specstudy.stat_util import percentile
 
 SCHEMA_GATES = "specstudy.capacity-gates/1"
@@ -869,12 +870,6 @@ def write_sampled_pages(path: str | os.PathLike, pages: list[tuple[float, str]],
 # deployment record, knee comparison
 
 
-def _num(x) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def kv_capacity_tokens(record: dict | None) -> float | None:

@@ -18,8 +18,9 @@ there is no penalty. Everything here is pure: knee and step records in, plain di
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from specstudy.stat_util import finite_or_none as _num
 
 CRITERIA = ("knee_ratio", "ttft_p95_at_matched_load", "tpot_p95_at_matched_load", "kv_tokens_lost")
 FIELDS = ("min_knee_ratio", "matched_load_fraction", "max_ttft_p95_ratio", "max_tpot_p95_ratio",
@@ -47,12 +48,6 @@ def check(prereg: dict, capacity_enabled: bool, source: str = "<pre-registration
                                     f"needs its declared limit ({', '.join(FIELDS)})")
 
 
-def _num(x) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _get(rec, key):

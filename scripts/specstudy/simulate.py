@@ -159,12 +159,10 @@ def _mixture_logs(logs, workloads_of_cell: list[int], conc_of_cell: list[int], w
     return np.stack(out, axis=2)
 
 
-def evaluate_vectorized(logs, rule: dict, workloads_of_cell: list[int], conc_of_cell: list[int],
-                        weights: list[float], looks_at: int) -> dict:
-    """The rule of :func:`specstudy.decision.decide` (one candidate, gate passed) on the first ``looks_at`` rounds."""
-
-    g, d = rule["min_gain"], rule["max_regression"]
-    conf = (rule.get("look_confidences") or {}).get(looks_at, rule["look_confidence"])
+def _cell_and_mixture_verdicts(logs, looks_at: int, conf: float, g: float, d: float, workloads_of_cell,
+                               conc_of_cell, weights):
+    """Per-cell and traffic-mixture verdict codes on the first ``looks_at`` rounds, the mixture intervals' upper
+    ends, and whether any cell or mixture shows a material regression (one per simulated study)."""
     data = logs[:, :looks_at, :]
     _, lo, hi, _ = _interval(data, conf)
     cell_v = _verdicts(lo, hi, g, d)
@@ -172,6 +170,17 @@ def evaluate_vectorized(logs, rule: dict, workloads_of_cell: list[int], conc_of_
     _, mlo, mhi, _ = _interval(mix, conf)
     mix_v = _verdicts(mlo, mhi, g, d)
     regress = (cell_v == _CODES["regression"]).any(axis=1) | (mix_v == _CODES["regression"]).any(axis=1)
+    return cell_v, mix_v, mhi, regress
+
+
+def evaluate_vectorized(logs, rule: dict, workloads_of_cell: list[int], conc_of_cell: list[int],
+                        weights: list[float], looks_at: int) -> dict:
+    """The rule of :func:`specstudy.decision.decide` (one candidate, gate passed) on the first ``looks_at`` rounds."""
+
+    g = rule["min_gain"]
+    conf = (rule.get("look_confidences") or {}).get(looks_at, rule["look_confidence"])
+    cell_v, mix_v, mhi, regress = _cell_and_mixture_verdicts(logs, looks_at, conf, g, rule["max_regression"],
+                                                              workloads_of_cell, conc_of_cell, weights)
     ni_v = cell_v if rule.get("non_inferiority_on", "cells") == "cells" else mix_v
     inconclusive = (ni_v == _CODES["inconclusive"]).any(axis=1)
     gain = (mix_v == _CODES["gain"]).any(axis=1)
@@ -251,15 +260,10 @@ def design_vectorized(logs, design: dict, workloads_of_cell: list[int], conc_of_
     regression *shown*; continue while a cell's interval straddles 1 − d or the gain is open: futility /
     equivalence stop). ``design['confidences']``: per-look interval confidence.
     """
-    g, d = design["min_gain"], design["max_regression"]
+    g = design["min_gain"]
     conf = design["confidences"][look_index]  # look_index 0 = the first look (design['initial'] rounds)
-    data = logs[:, :looks_at, :]
-    _, lo, hi, _ = _interval(data, conf)
-    cell_v = _verdicts(lo, hi, g, d)
-    mix = _mixture_logs(data, workloads_of_cell, conc_of_cell, weights)
-    _, mlo, mhi, _ = _interval(mix, conf)
-    mix_v = _verdicts(mlo, mhi, g, d)
-    regress = (cell_v == _CODES["regression"]).any(axis=1) | (mix_v == _CODES["regression"]).any(axis=1)
+    cell_v, mix_v, mhi, regress = _cell_and_mixture_verdicts(logs, looks_at, conf, g, design["max_regression"],
+                                                              workloads_of_cell, conc_of_cell, weights)
     gain = (mix_v == _CODES["gain"]).any(axis=1)
     open_gain = ~gain & (mhi > math.log(1 + g)).any(axis=1)
     inconclusive = (cell_v == _CODES["inconclusive"]).any(axis=1)

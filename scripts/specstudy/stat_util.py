@@ -43,3 +43,12 @@ def percentile(values: Iterable[float | None], q: float, method: str = "linear")
     a, b = xs[i], xs[i + 1]
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def finite_or_none(x) -> float | None:
+    """``x`` as a finite float, else None (None, text, NaN and infinities alike)."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
