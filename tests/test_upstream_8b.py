@@ -324,14 +324,19 @@ def test_cli_prints_the_comparison(capsys, tmp_path):
 
 
 def test_the_production_rule_bonferroni_looks_and_traffic_mix(capsys):
-    """The Clariden pre-registration's rule (3 looks, Bonferroni) with its traffic mix over upstream's workload
-    names (open_chat -> chat): wider intervals, the same verdicts."""
+    """The Clariden pre-registration's rule (issue 28: non-inferiority at 5 %, any gain, O'Brien-Fleming looks from
+    3 to 10 rounds) with its traffic mix over upstream's workload names (open_chat -> chat): at upstream's 3 blocks
+    the first look spends almost no alpha, so the noisy c8 cells stay undecided and the capped data set cannot enable."""
     cfg = Path(__file__).resolve().parents[1] / "config" / "clariden-70b.yaml"
     assert upstream_confirm.main([str(CONFIRM), str(REPORT), "--arm", "eagle31-k2=eagle3-k2", "--depth", "k2=eagle3-k2",
                                   "--config", str(cfg), "--traffic-mix", "chat=0.6,code=0.3,summarization=0.1"]) == 0
     out = capsys.readouterr().out
-    assert "rule: pre-registration; min_gain 0.05, max_regression 0.02, look confidence 0.9833" in out
-    mix = re.search(r"eagle3-k2 mix@c8 +throughput speedup ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] gain", out)
-    assert mix and 1.05 < float(mix[2]) < float(mix[1]) < float(mix[3])
-    assert "decision if the correctness gate passed: enable eagle3-k2" in out
+    assert "rule: pre-registration; min_gain 0.0, max_regression 0.05" in out
+    assert "traffic mix {'chat': 0.6, 'code': 0.3, 'summarization': 0.1}" in out
+    mix = re.search(r"eagle3-k2 mix@c1 +throughput speedup ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] gain", out)
+    assert mix and 1.0 < float(mix[2]) < float(mix[1]) < float(mix[3])
+    for cell in ("chat@c8", "summarization@c8"):
+        assert re.search(rf"eagle3-k2 {cell} +throughput speedup [0-9.]+ \[0\.[0-9]+, [0-9.]+\] inconclusive", out), cell
+    assert "decision if the correctness gate passed: do_not_enable" in out
+    assert "non-inferiority not shown (interval reaches below 0.95) on chat@c8, summarization@c8" in out
     assert "decision (gates as they stand): do_not_enable" in out

@@ -103,13 +103,15 @@ def geomean(vals: list[float]) -> float:
     return math.exp(math.fsum(math.log(v) for v in vals) / len(vals))
 
 
-def analyse(rows: list[dict], kv_tokens: dict[str, int] | None = None, config: dict | None = None) -> dict:
+def analyse(rows: list[dict], kv_tokens: dict[str, int] | None = None, config: dict | None = None,
+            prereg: dict | None = None) -> dict:
     """The project's comparisons, recommendation (with the correctness gate as it stands: none) and a
     performance-only counterfactual (the same rule with a passing gate), plus the KV cost."""
     comps = stats.comparisons(rows, config)
     arms = sorted({c["arm"] for c in comps})
-    as_is = stats.recommend(comps, [], config)
-    counterfactual = stats.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config)
+    as_is = stats.recommend(comps, [], config, prereg)
+    counterfactual = stats.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config,
+                                     prereg)
     deployments = [{"arm": r["arm"], "deployment_id": r["deployment_id"], "kv_cache_tokens": (kv_tokens or {}).get(
         r["deployment_id"])} for r in rows]
     uniq = {d["deployment_id"]: d for d in deployments}.values()
@@ -251,27 +253,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="study config whose decision rule applies (its pre-registration's margins and "
                    "looks, its recommendation settings); default: the analysis defaults, one look")
     p.add_argument("--traffic-mix", metavar="W=SHARE,...",
-                   help="traffic mix over upstream's workload names (chat, code, summarization), replacing the "
-                   "config's recommendation.traffic_mix, e.g. chat=0.6,code=0.3,summarization=0.1")
+                   help="traffic mix (output-token shares) over upstream's workload names (chat, code, "
+                   "summarization), replacing the pre-registration's traffic.mixture, e.g. "
+                   "chat=0.6,code=0.3,summarization=0.1")
     p.add_argument("--json", help="write the whole result as JSON here")
     a = p.parse_args(argv)
-    config = None
+    config = prereg = None
     if a.config:
-        from specstudy.config import load_config
+        from specstudy.config import load_config, load_prereg
 
         config = load_config(a.config)
+        if (config.get("study") or {}).get("preregistration"):
+            prereg = load_prereg(config)
     if a.traffic_mix:
         try:
             mix = {w: float(v) for w, v in (x.split("=", 1) for x in a.traffic_mix.split(","))}
         except ValueError:
             p.error(f"--traffic-mix {a.traffic_mix!r}: expected W=SHARE pairs separated by commas")
-        config = dict(config or {})
-        config["recommendation"] = {**(config.get("recommendation") or {}), "traffic_mix": mix}
+        # upstream's workload names differ from the study's: the given mixture replaces the declared one
+        prereg = {**(prereg or {}), "traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": mix}}
     arms = {"baseline": "baseline", **dict(x.split("=", 1) for x in a.arm)}
     report = json.loads(Path(a.report).read_text(encoding="utf-8"))
     rows = summary_rows(a.confirm_root, arms)
     kv = {k: v.get("kv_cache_tokens") for k, v in (report.get("deployments") or {}).items()}
-    res = analyse(rows, kv, config)
+    res = analyse(rows, kv, config, prereg)
     table = compare_with_report(res, report, rows, dict(x.split("=", 1) for x in a.depth))
     for t in table:
         print(f"{t['cell']:<22} {t['figure']:<28} upstream {_fmt(t['upstream']):>12} project {_fmt(t['project']):>12} "
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rule: {res['recommendation']['rule']['source']}; min_gain {res['recommendation']['rule']['min_gain']}, "
           f"max_regression {res['recommendation']['rule']['max_regression']}, look confidence "
           f"{res['recommendation']['rule']['look_confidence']:.4f}; traffic mix "
-          f"{(config or {}).get('recommendation', {}).get('traffic_mix') or 'equal'}")
+          f"{((prereg or {}).get('traffic') or {}).get('mixture') or 'equal'}")
     for c in res["recommendation_if_gate_passed"]["candidates"]:
         for k, j in {**c["cells"], **c.get("mixture", {})}.items():
             print(f"  {c['arm']} {k:<18} throughput speedup {_fmt(j['geomean'])} [{_fmt(j['lo'])}, {_fmt(j['hi'])}] "
