@@ -594,8 +594,12 @@ def test_what_stopping_snakemake_does_to_running_jobs(tmp_path, sig, whole_group
     deployment job gets the signal at once (it stops its server and writes a failure record); a signal to
     the Snakemake process alone (``kill <pid>``) makes Snakemake wait until the running jobs finish."""
     (tmp_path / "Snakefile").write_text(SLOW_SNAKEFILE)
+    # Ctrl-C's disposition as at a terminal: a suite started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and then neither Snakemake nor the job's bash (which cannot trap a signal ignored
+    # on entry) would see it.
     proc = subprocess.Popen([*[sys.executable, "-m", "snakemake"], "--cores", "1"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = _Lines(proc)
     try:
         lines.until("HANDSHAKE traps-set", time.monotonic() + 60)  # the job runs, its traps are in place
