@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from specstudy import decision, intervals, stats
+from specstudy import decision, intervals
 from specstudy.config import ConfigError, load_prereg
 
 PREREG = {"version": 1,
@@ -139,7 +139,7 @@ def test_stability_counts_resampled_decisions():
 
 def test_recommend_uses_preregistered_rule_and_reports_stability():
     comps = study({("code", 1): GAIN, ("chat", 1): GAIN})
-    rec = stats.recommend(comps, [{"phase": "confirm", "arm": "ngram-k4", "verdict": "pass"}],
+    rec = decision.recommend(comps, [{"phase": "confirm", "arm": "ngram-k4", "verdict": "pass"}],
                           {"analysis": {"stability_resamples": 50}}, PREREG)
     assert rec["decision"] == "enable" and rec["rule"]["source"] == "pre-registration"
     assert rec["stability"]["resamples"] == 50

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from specstudy import schemas, select, stats
+from specstudy import decision, schemas, select, stats
 
 WORKLOADS = ("chat", "code", "summ")
 
@@ -53,7 +53,7 @@ def test_the_capacity_candidate_is_the_arm_the_rule_enables_not_the_best_mean():
     assert "decision rule enables" in res["ordering"] and "closest to enabling" in res["ordering"]
     # the recommendation (same rule, same data) enables the same arm
     rows = [select._comparison_row(x) for x in s]
-    rec = stats.recommend(stats.comparisons(rows), gates("A", "B"), with_stability=False)
+    rec = decision.recommend(stats.comparisons(rows), gates("A", "B"), with_stability=False)
     assert rec["enable"] == res["arm"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstudy import intervals, stats
+from specstudy import decision, intervals, stats
 from specstudy.deployment import command
 
 T_975_DF1 = 12.706204736174698
@@ -120,13 +120,13 @@ GATE_PASS = [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": "pass"}]
 
 def test_recommend_win():
     comps = [_comp("draft-k3-tp4", w, c, WIN) for w in ("code", "chat") for c in (1, 8)]
-    rec = stats.recommend(comps, GATE_PASS)
+    rec = decision.recommend(comps, GATE_PASS)
     assert rec["decision"] == "enable" and rec["enable"] == "draft-k3-tp4"
 
 
 def test_recommend_lose_and_mixed():
     lose = [_comp("draft-k3-tp4", "code", 1, WIN), _comp("draft-k3-tp4", "chat", 1, LOSE)]
-    rec = stats.recommend(lose, GATE_PASS)
+    rec = decision.recommend(lose, GATE_PASS)
     assert rec["decision"] == "do_not_enable"
     assert any("regression shown" in b and "chat@c1" in b for b in rec["candidates"][0]["blockers"])
     # mixed: wins on code, flat on chat; with 3 repeats a 2% loss on chat is not excluded -> inconclusive, blocks
@@ -134,7 +134,7 @@ def test_recommend_lose_and_mixed():
     def traffic(mix=None, routed=False):  # the traffic section of a pre-registration (issue 28: not the config)
         return {"traffic": {"route_by_workload": routed, "shares": "output_tokens", "mixture": mix}}
 
-    rec = stats.recommend(mixed, GATE_PASS, None, traffic({"code": 0.9, "chat": 0.1}))
+    rec = decision.recommend(mixed, GATE_PASS, None, traffic({"code": 0.9, "chat": 0.1}))
     assert rec["decision"] == "do_not_enable"
     assert rec["candidates"][0]["status"]["chat@c1"] == "inconclusive"
     assert rec["undecided"][0]["what"] == "chat@c1"
@@ -142,12 +142,12 @@ def test_recommend_lose_and_mixed():
     # non-inferiority declared on the traffic mixture: the code-heavy mixture is enabled, the chat-heavy one not
     prereg = {"confirmation": {"repeats": 3, "stopping": {"max_repeats": 5, "correction": "none"},
                                "decision": {"min_gain": 0.05, "max_regression": 0.02, "non_inferiority_on": "mixture"}}}
-    rec = stats.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.9, "chat": 0.1})})
+    rec = decision.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.9, "chat": 0.1})})
     assert rec["decision"] == "enable"
-    rec = stats.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.05, "chat": 0.95})})
+    rec = decision.recommend(mixed, GATE_PASS, None, {**prereg, **traffic({"code": 0.05, "chat": 0.95})})
     assert rec["decision"] == "do_not_enable"
     # routed by workload: enable for code only
-    rec = stats.recommend(mixed, GATE_PASS, None, traffic(None, routed=True))
+    rec = decision.recommend(mixed, GATE_PASS, None, traffic(None, routed=True))
     assert rec["decision"] == "enable_per_workload"
     assert rec["per_workload"] == {"chat": None, "code": "draft-k3-tp4"}
 
@@ -156,21 +156,21 @@ def test_mixture_speedup_hand_computed():
     code = _comp("a", "code", 1, [2.0])
     chat = _comp("a", "chat", 1, [1.0])
     # equal token shares: base time 0.5/100 + 0.5/100, arm time 0.5/200 + 0.5/100 -> 0.02/0.015
-    assert stats._mixture({"code": code, "chat": chat}, {"code": 0.5, "chat": 0.5}) == [pytest.approx(4 / 3)]
+    assert decision._mixture({"code": code, "chat": chat}, {"code": 0.5, "chat": 0.5}) == [pytest.approx(4 / 3)]
 
 
 def test_cell_status_is_the_interval_verdict():
-    assert stats.cell_status({"speedup": intervals.describe(WIN)}, 0.05, 0.02) == "gain"
-    assert stats.cell_status({"speedup": intervals.describe(LOSE)}, 0.05, 0.02) == "regression"
-    assert stats.cell_status({"speedup": intervals.describe([1.0, 1.2, 0.8])}, 0.05, 0.02) == "inconclusive"
-    assert stats.cell_status({"speedup": intervals.describe([1.0])}, 0.05, 0.02) == "missing"
+    assert decision.cell_status({"speedup": intervals.describe(WIN)}, 0.05, 0.02) == "gain"
+    assert decision.cell_status({"speedup": intervals.describe(LOSE)}, 0.05, 0.02) == "regression"
+    assert decision.cell_status({"speedup": intervals.describe([1.0, 1.2, 0.8])}, 0.05, 0.02) == "inconclusive"
+    assert decision.cell_status({"speedup": intervals.describe([1.0])}, 0.05, 0.02) == "missing"
 
 
 @pytest.mark.parametrize("verdict", ["fail", "no_verdict", None])
 def test_gate_blocks(verdict):
     comps = [_comp("draft-k3-tp4", "code", 1, WIN)]
     gates = [] if verdict is None else [{"phase": "confirm", "arm": "draft-k3-tp4", "verdict": verdict}]
-    rec = stats.recommend(comps, gates)
+    rec = decision.recommend(comps, gates)
     assert rec["decision"] == "do_not_enable"
     assert rec["candidates"][0]["blockers"][0] == (f"gate verdict {verdict}" if verdict else "no confirm gate verdict")
 
@@ -178,7 +178,7 @@ def test_gate_blocks(verdict):
 def test_a_screening_gate_never_stands_in_for_the_confirmation_gate():
     """Review #16.4: recommend silently fell back to the screening gate; final_candidate did not."""
     comps = [_comp("draft-k3-tp4", w, c, WIN) for w in ("code", "chat") for c in (1, 8)]
-    rec = stats.recommend(comps, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}])
+    rec = decision.recommend(comps, [{"phase": "screen", "arm": "draft-k3-tp4", "verdict": "pass"}])
     assert rec["decision"] == "do_not_enable"
     assert rec["candidates"][0]["gate_verdict"] == "missing"
     assert rec["candidates"][0]["blockers"][0] == "no confirm gate verdict (the screen gate does not stand in for it)"
@@ -194,7 +194,7 @@ def test_a_screening_gate_never_stands_in_for_the_confirmation_gate():
 
 
 def test_recommend_without_confirmation():
-    rec = stats.recommend([_comp("draft-k3-tp4", "code", 1, WIN, phase="screen")], GATE_PASS)
+    rec = decision.recommend([_comp("draft-k3-tp4", "code", 1, WIN, phase="screen")], GATE_PASS)
     assert rec["decision"] == "insufficient_evidence" and "confirm" in rec["missing"][0]
 
 

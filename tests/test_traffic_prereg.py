@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import decision, stats
+from specstudy import decision
 from specstudy.config import ConfigError, check_config, load_config, load_prereg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_a_config_that_still_sets_traffic_is_refused_naming_the_field(key):
         check_config(bad, "study.yaml")
     assert decision.MOVED_TO_TRAFFIC[key] in str(exc.value)
     with pytest.raises(decision.DecisionRuleError, match=rf"'recommendation\.{key}'"):
-        stats.recommend([], [], bad)
+        decision.recommend([], [], bad)
 
 
 @pytest.mark.parametrize(("mutate", "field", "words"), [
@@ -67,9 +67,9 @@ def test_bad_traffic_declarations_are_refused_naming_the_field(tmp_path, mutate,
 def test_the_declared_mixture_is_what_the_recommendation_uses(tmp_path):
     cfg = _study(tmp_path)
     mix = load_prereg(cfg)["traffic"]["mixture"]
-    rec = stats.recommend([{"phase": "confirm", "arm": "a", "workload": "code", "concurrency": 1,
+    rec = decision.recommend([{"phase": "confirm", "arm": "a", "workload": "code", "concurrency": 1,
                             "repeats": [{"rep": 1, "speedup": 1.2, "arm_otps": 120.0, "base_otps": 100.0}]}], [], cfg,
-                          with_stability=False)
+                          load_prereg(cfg), with_stability=False)
     assert rec["traffic"]["mixture"] == mix and rec["traffic"]["source"] == "pre-registration traffic"
     assert rec["traffic"]["shares"] == "output_tokens" and rec["route_by_workload"] is False
 

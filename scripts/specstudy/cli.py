@@ -24,7 +24,7 @@ COMMAND_MODULES = [
     "gate",
     "sampling_phase",
     "select",
-    "decision",
+    "checkpoint",
     "capacity",
     "memory",
     "upstream",

@@ -358,7 +358,11 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
             missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
     if not gates:
         missing.append("no gate verdicts (results/gates/)")
-    rec = _with_capacity_half(stats.recommend(comps, gates, config), results, config)
+    from .config import load_prereg
+    from .decision import recommend
+
+    prereg = load_prereg(config) if (config.get("study") or {}).get("preregistration") else None
+    rec = _with_capacity_half(recommend(comps, gates, config, prereg), results, config)
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
     model["phase"] = s["analysis"]["hypothesis_phase"]
     declared, hyp_source = _declared_hypotheses(config)

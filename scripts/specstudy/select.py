@@ -334,13 +334,13 @@ def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, c
     ``config``/``prereg``: the study's (the rule, margins, traffic mixture and routing come from them, exactly
     as for the recommendation); without them the defaults of :mod:`specstudy.stats` apply.
     """
-    from . import stats
+    from . import decision, stats
 
     arms = [a for a in selection.get("confirmation_arms", [])]
     rows = [_comparison_row(s) for s in summaries if (s.get("keys") or {}).get("arm") in arms]
     cfg = dict(config or {}, recommendation=dict((config or {}).get("recommendation") or {}, phase="confirm"))
     comps = stats.comparisons(rows, cfg)
-    rec = stats.recommend(comps, gates, cfg, prereg, with_stability=False)
+    rec = decision.recommend(comps, gates, cfg, prereg, with_stability=False)
     verdicts = {g.get("arm"): g.get("verdict") for g in gates if g.get("phase") == "confirm"}
     cands = [c for c in rec["candidates"] if c["arm"] != "baseline"]
     ranked = sorted(cands, key=_rank_key, reverse=True)  # stable: ties keep decide's (sorted-arm) order, as max() does

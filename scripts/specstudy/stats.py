@@ -1,4 +1,4 @@
-"""Deployment-level effects (paired comparisons), drift, explanatory model, hypotheses, recommendation.
+"""Deployment-level effects (paired comparisons), drift, explanatory model, hypotheses.
 
 The independent unit is the *deployment repeat*: requests within one cell share a server, a node and
 a moment in time, so they are not independent samples of the effect. For every comparison
@@ -14,8 +14,8 @@ interval is ``analysis.ci_method`` (default ``t_log``, a Student-t interval on l
 bootstrap with 2–5 repeats: :mod:`specstudy.intervals`), the bootstrap is reported alongside.
 
 Then: baseline drift and node-to-node variability, the explanatory model (not confirmatory), the
-pre-registered hypotheses, the KV-capacity cost of each arm, each comparison's cell status and the
-recommendation (the rule itself is :mod:`specstudy.decision`). The recommended arm's vLLM flags are
+pre-registered hypotheses and the KV-capacity cost of each arm. The cell status and the recommendation
+are the decision rule's (:mod:`specstudy.decision`). The recommended arm's vLLM flags are
 :mod:`specstudy.deployment.command`'s.
 
 Everything here takes plain pandas frames from :mod:`specstudy.tables` and returns plain dicts.
@@ -482,96 +482,4 @@ def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, mode
             models[phase] = model if (model is not None and model.get("phase") == phase) else explanatory_model(use)
         params = {**(h.get("params") or {}), **(h.get("roles") or {})}
         out.append(dict(base, **fn(use, deployments, params, models.get(phase))))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Recommendation (pure)
-# ---------------------------------------------------------------------------------------------
-def cell_status(comp: dict, min_gain: float, max_regression: float) -> str:
-    """Verdict of a comparison's speedup interval: ``gain``, ``non_inferior``, ``inconclusive``, ``regression``
-    or ``missing`` (:func:`specstudy.decision.verdict`; the interval is the comparison's primary CI)."""
-    from .decision import verdict
-
-    sp = comp["speedup"]
-    return verdict(sp.get("ci_low"), sp.get("ci_high"), min_gain, max_regression)
-
-
-def _mixture(comps_by_w: dict[str, dict], weights: dict[str, float]) -> list[float]:
-    """Per-repeat mixture speedup: sum(w/otps_base) / sum(w/otps_arm) (weights = output-token shares)."""
-    reps = None
-    per_w = {}
-    for w in weights:
-        c = comps_by_w.get(w)
-        if c is None:
-            return []
-        per_w[w] = {r["rep"]: r for r in c["repeats"] if r["speedup"]}
-        reps = set(per_w[w]) if reps is None else reps & set(per_w[w])
-    out = []
-    for rep in sorted(reps or []):
-        tb = sum(wt / per_w[w][rep]["base_otps"] for w, wt in weights.items())
-        ta = sum(wt / per_w[w][rep]["arm_otps"] for w, wt in weights.items())
-        out.append(tb / ta)
-    return out
-
-
-GATE_RULE = ("A candidate is eligible only with a correctness-gate verdict 'pass' from the {phase} phase, the phase "
-             "the decision is made on; a gate of another phase never stands in for a missing one. The final "
-             "candidate for the capacity search follows the same rule (confirmation gates).")
-
-
-def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, prereg: dict | None = None,
-              gate_phase: str | None = None, with_stability: bool = True) -> dict:
-    """Decide which speculative setting (if any) to enable; a pure function of its inputs.
-
-    The rule (:mod:`specstudy.decision`, declared in the pre-registration): three-way cell verdicts from
-    intervals corrected for the repeated looks of adaptive confirmation; a candidate is enabled only with
-    a gate verdict ``pass``, no regression shown anywhere, non-inferiority shown on every decisive cell
-    (or on the declared traffic mixture) and a gain shown on the traffic mixture (per workload when traffic
-    is routed by workload). An inconclusive cell blocks enabling; ``undecided`` lists those cells with the
-    extra rounds expected to settle them. ``stability`` recomputes the decision on bootstrap resamples of
-    the rounds. Without ``prereg`` the pre-registration named by ``config['study']['preregistration']``
-    is read; without either the config's margins are used and the rule says so.
-    """
-    from . import decision
-
-    s = settings(config)
-    r, a = s["recommendation"], s["analysis"]
-    if prereg is None and ((config or {}).get("study") or {}).get("preregistration"):
-        from .config import load_prereg
-
-        prereg = load_prereg(config)
-    decision.refuse_config_traffic(config)
-    rule = decision.rule_from(config, prereg)
-    phase = r["phase"]
-    use = [c for c in comps if c["phase"] == phase]
-    workloads = r["workloads"] or sorted({c["workload"] for c in use})
-    concs = r["concurrencies"] or sorted({c["concurrency"] for c in use})
-    # One rule for the recommendation and the final candidate: the gate of the decision's phase is
-    # required; a gate of another phase never stands in for it (GATE_RULE, stated in the report). Only an
-    # interim look of adaptive confirmation (decision.checkpoint) names gate_phase='screen' explicitly,
-    # because confirmation gates exist only once the rounds are complete; its record says so.
-    gate_phase = gate_phase or phase
-    traffic = decision.traffic_from(prereg, workloads)
-    routed = traffic["route_by_workload"]
-    gate_by_arm = {g["arm"]: g for g in gates if g.get("phase") == gate_phase}
-    other = {g["arm"]: g.get("phase") for g in gates if g.get("phase") != gate_phase}
-    out: dict[str, Any] = {"phase": phase, "gate_phase": gate_phase, "gate_rule": GATE_RULE.format(phase=gate_phase),
-                           "workloads": workloads, "concurrencies": concs,
-                           "route_by_workload": routed, "traffic": traffic, "min_gain": rule["min_gain"],
-                           "max_regression": rule["max_regression"], "rule": rule, "candidates": [],
-                           "decision": "do_not_enable", "enable": None, "per_workload": {}, "missing": [],
-                           "undecided": [], "stability": None}
-    if not use:
-        out["decision"] = "insufficient_evidence"
-        out["missing"].append(f"no {phase} comparisons (has the {phase} phase run?)")
-        return out
-    # output-token shares (traffic.shares); a zero share takes no part in the mixture
-    weights = {w: v for w, v in (traffic["mixture"] or {}).items() if v}
-    res = decision.decide(use, gate_by_arm, rule, workloads, concs, weights, routed,
-                          gate_phase=gate_phase, other_gates=other)
-    out.update({k: res[k] for k in ("candidates", "decision", "enable", "per_workload", "undecided")})
-    if with_stability:  # the final candidate needs the decision only, not its bootstrap
-        out["stability"] = decision.stability(use, gate_by_arm, rule, workloads, concs, weights,
-                                              routed, int(a["stability_resamples"]), int(a["seed"]))
     return out

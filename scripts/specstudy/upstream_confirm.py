@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-from specstudy import atomic, stats
+from specstudy import atomic, decision, stats
 
 DEPLOYMENT_RE = re.compile(r"^(?P<prefix>.+?)-(?P<variant>baseline|[A-Za-z0-9_]+-k[0-9]+)-confirm-(?P<block>c[0-9]+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)$")
 # the valid-cell threshold of specstudy.cell (DEFAULT_THRESHOLDS['min_success_rate'])
@@ -109,8 +109,8 @@ def analyse(rows: list[dict], kv_tokens: dict[str, int] | None = None, config: d
     performance-only counterfactual (the same rule with a passing gate), plus the KV cost."""
     comps = stats.comparisons(rows, config)
     arms = sorted({c["arm"] for c in comps})
-    as_is = stats.recommend(comps, [], config, prereg)
-    counterfactual = stats.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config,
+    as_is = decision.recommend(comps, [], config, prereg)
+    counterfactual = decision.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config,
                                      prereg)
     deployments = [{"arm": r["arm"], "deployment_id": r["deployment_id"], "kv_cache_tokens": (kv_tokens or {}).get(
         r["deployment_id"])} for r in rows]
