@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from specstudy import decision, simulate, stats  # noqa: E402
-from specstudy.config import load_config, load_prereg  # noqa: E402
+from specstudy.config import load_config  # noqa: E402
+from specstudy.prereg import load_prereg  # noqa: E402
 
 
 def _sigmas(args) -> list[tuple[float, str]]:

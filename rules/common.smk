@@ -9,7 +9,8 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 import yaml  # noqa: E402
 
 from specstudy import plan as _plan  # noqa: E402
-from specstudy.config import ConfigError, check_config, effective_config_files, load_prereg, prereg_path  # noqa: E402
+from specstudy.config import ConfigError, check_config, effective_config_files  # noqa: E402
+from specstudy.prereg import load_prereg, prereg_path  # noqa: E402
 from specstudy.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
 from specstudy import stale as _stale  # noqa: E402
 

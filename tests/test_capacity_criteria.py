@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from specstudy import capacity_criteria as cc
-from specstudy.config import ConfigError, load_config, load_prereg
+from specstudy.config import ConfigError, load_config
+from specstudy.prereg import load_prereg
 
 ROOT = Path(__file__).resolve().parents[1]
 CRIT = {"min_knee_ratio": 0.9, "matched_load_fraction": 0.8, "max_ttft_p95_ratio": 1.2, "max_tpot_p95_ratio": 1.2,

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from specstudy import decision, intervals
-from specstudy.config import ConfigError, load_prereg
+from specstudy.config import ConfigError
+from specstudy.prereg import load_prereg
 
 PREREG = {"version": 1,
           "selection": {"metric": "tpot_p50", "retain_within": 0.05},

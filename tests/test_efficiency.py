@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from specstudy import atomic, efficiency, report, tables, telemetry
+from specstudy import atomic, efficiency, plots, report, tables, telemetry
 from test_nvml import fake_pynvml, fresh  # noqa: F401  (fixture)
 from test_tables import make_results_tree
 
@@ -133,7 +133,7 @@ def test_interactivity_points_and_plot(tmp_path):
     assert (tmp_path / "throughput_interactivity.png").stat().st_size > 1000
     img = next(b for b in B if b[0] == "img")
     assert img[1] == "plots/throughput_interactivity.png" and img[2].startswith(
-        report.PLOT_CAPTIONS["throughput_interactivity"])
+        plots.PLOT_CAPTIONS["throughput_interactivity"])
     assert "per engine" in next(b for b in B if b[0] == "p")[1]
     B2: list = []
     assert efficiency.interactivity_section(B2, [], tmp_path / "none") == []

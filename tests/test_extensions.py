@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from specstudy import extensions, plan, schemas  # noqa: E402
-from specstudy.config import ConfigError, load_config, load_prereg  # noqa: E402
+from specstudy.config import ConfigError, load_config  # noqa: E402
 from specstudy.deployment.spec import deployment_spec  # noqa: E402
 from specstudy.deployment_run import WARMUP_SEED_OFFSET, _request_specs  # noqa: E402
 from specstudy.loadgen import _payload  # noqa: E402
+from specstudy.prereg import load_prereg  # noqa: E402
 
 ARMS = ["baseline", "draft-k2-tp1", "ngram-k4"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import arctic_build, arms, atomic, corpus, engine_methods, plan, prom
+from specstudy import arctic_build, arms, atomic, corpus, engine_methods, engine_probe, plan, prom
 from specstudy.config import ConfigError, load_config
 from specstudy.deployment.command import build_command, speculative_config, validate_arm
 from specstudy.deployment.spec import engine_flat
@@ -131,7 +131,7 @@ def test_a_method_recorded_servable_is_planned_with_its_settings(tmp_path):
     rec = yaml.safe_load(RECORD.read_text())
     rec["methods"]["suffix"] = {"servable": True, "stage": "ready"}
     path = tmp_path / "engine.yaml"
-    engine_methods.write_record(path, rec)
+    engine_probe.write_record(path, rec)
     p = plan.make_plan(_cfg(["suffix"], path, suffix={"max_tree_depth": 16}), "screen")
     assert [a["name"] for a in p["arms"]] == ["baseline", "suffix-k2", "suffix-k4"]
     assert p["arms"][1]["suffix_decoding_max_tree_depth"] == 16
@@ -227,7 +227,7 @@ def test_suffix_arm_runs_end_to_end(tmp_path, fixture_models, vllm_available, ar
 def test_engine_refuses_eagle_without_a_head_as_recorded(tmp_path, fixture_models, vllm_available):
     engine = engine_flat(_engine(fixture_models))
     arm = {"name": "eagle-k2", "method": "eagle", "num_speculative_tokens": 2}
-    res = engine_methods.probe_method(engine, arm, tmp_path / "probe", timeout_s=240)
+    res = engine_probe.probe_method(engine, arm, tmp_path / "probe", timeout_s=240)
     assert res["servable"] is False and res["stage"] == "readiness"
     assert "num_speculative_tokens was provided but without speculative model" in res["message"]
     recorded = engine_methods.load_record(RECORD)["methods"]["eagle"]["message"]

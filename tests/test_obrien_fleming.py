@@ -55,7 +55,8 @@ def test_the_chosen_design_enables_a_gain_with_one_neutral_workload_and_not_a_5p
     """The cluster study's pre-registered design (config/preregistration-clariden-70b.yaml) on constructed data."""
     from pathlib import Path
 
-    from specstudy.config import load_config, load_prereg
+    from specstudy.config import load_config
+    from specstudy.prereg import load_prereg
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "config" / "clariden-70b.yaml")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import config, records, sampling, schemas
+from specstudy import config, prereg, records, sampling, schemas
 from specstudy.sampling import SamplingInputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,12 +238,12 @@ def test_temperature_zero_captures_are_refused_naming_file_and_field(tmp_path):
 
 def test_bad_settings_name_the_field():
     with pytest.raises(SamplingInputError, match=r"field 'sampling\.test'.*allowed: mannwhitneyu, ks_2samp"):
-        sampling.validate_settings(settings(test="ttest"), "prereg.yaml")
+        prereg.check_sampling(settings(test="ttest"), "prereg.yaml")
     with pytest.raises(SamplingInputError, match=r"(?s)prereg\.yaml.*field 'sampling\.seeds\.per_prompt'"):
-        sampling.validate_settings(settings(seeds={"policy": "same_per_request_across_arms", "base": 0,
+        prereg.check_sampling(settings(seeds={"policy": "same_per_request_across_arms", "base": 0,
                                                    "per_prompt": 1}), "prereg.yaml")
     with pytest.raises(SamplingInputError, match=r"field 'sampling': 'margins' is a required property"):
-        sampling.validate_settings({k: v for k, v in settings().items() if k != "margins"})
+        prereg.check_sampling({k: v for k, v in settings().items() if k != "margins"})
 
 
 # --------------------------------------------------------------------------- pre-registration and records
@@ -259,9 +259,9 @@ def _prereg(tmp_path: Path, mutate) -> dict:
 
 def test_every_preregistration_validates_and_the_default_declares_sampling():
     for path in sorted((ROOT / "config").glob("preregistration*.yaml")):
-        data = config.load_prereg({"study": {"preregistration": str(path)}})
+        data = prereg.load_prereg({"study": {"preregistration": str(path)}})
         if path.name == "preregistration.yaml":
-            assert sampling.validate_settings(data["sampling"]) is data["sampling"]
+            assert prereg.check_sampling(data["sampling"]) is data["sampling"]
             assert data["sampling"]["temperature"] == 0.8 and data["sampling"]["test"] in sampling.TESTS
 
 
@@ -270,18 +270,18 @@ def test_a_bad_sampling_section_names_the_file_and_field(tmp_path):
         pr["sampling"]["temperature"] = 0
 
     with pytest.raises(config.ConfigError, match=r"prereg\.yaml.*\n.*field 'sampling\.temperature'"):
-        config.load_prereg(_prereg(tmp_path, zero))
+        prereg.load_prereg(_prereg(tmp_path, zero))
 
     def one_seed(pr):
         pr["sampling"]["seeds"]["per_prompt"] = 1
 
     with pytest.raises(config.ConfigError, match=r"prereg\.yaml.*\n.*field 'sampling\.seeds\.per_prompt'.*rotated_seed"):
-        config.load_prereg(_prereg(tmp_path, one_seed))
+        prereg.load_prereg(_prereg(tmp_path, one_seed))
 
     def without(pr):
         del pr["sampling"]
 
-    assert "sampling" not in config.load_prereg(_prereg(tmp_path, without))  # optional
+    assert "sampling" not in prereg.load_prereg(_prereg(tmp_path, without))  # optional
 
 
 def test_the_record_validates_and_reads_back_typed(tmp_path):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specstudy import cell, jit, report, schemas, tables
+from specstudy import cell, jit, prereg, report, schemas, tables
 from specstudy.deployment import launchlog
 from test_cell import four_rows, summ
 
@@ -142,13 +142,13 @@ def test_consequence_is_pre_registered(tmp_path):
 
     assert jit.consequence_of(None) == "flag" and jit.consequence_of({"confounds": {}}) == "flag"
     assert jit.consequence_of({"confounds": {"jit_in_window": "reject"}}) == "reject"
-    gpu = config.read_prereg_file(Path(__file__).resolve().parents[1] / "config" / "preregistration-gpu-h200.yaml")
+    gpu = prereg.read_prereg_file(Path(__file__).resolve().parents[1] / "config" / "preregistration-gpu-h200.yaml")
     assert jit.consequence_of(gpu) == "flag"
     bad = (Path(__file__).resolve().parents[1] / "config" / "preregistration.yaml").read_text() + \
         "confounds:\n  jit_in_window: warn\n"
     (tmp_path / "p.yaml").write_text(bad)
     with pytest.raises(config.ConfigError, match="jit_in_window"):
-        config.read_prereg_file(tmp_path / "p.yaml")
+        prereg.read_prereg_file(tmp_path / "p.yaml")
 
 
 def test_deployment_job_marks_a_cell_from_its_own_launch_log(tmp_path):

@@ -19,13 +19,14 @@ from pathlib import Path
 import jinja2
 
 from specstudy import report
+from specstudy.plots import PLOT_CAPTIONS, plot_caption
 from test_report import LAUNCH, _build
 from test_workflow_dag import ROOT, fake_screening, sm, workdir  # noqa: F401  (fixture)
 
 
 def test_plot_captions_of_snakemake_report_match_the_html_report():
     tmpl = jinja2.Environment().from_string((ROOT / "report" / "plot.rst").read_text())
-    for name, caption in report.PLOT_CAPTIONS.items():
+    for name, caption in PLOT_CAPTIONS.items():
         fname = "capacity-baseline" if name == "capacity" else name
         rendered = tmpl.render(snakemake=type("S", (), {"wildcards": type("W", (), {"name": fname})}))
         assert caption in rendered, (name, rendered)
@@ -75,5 +76,5 @@ def test_snakemake_report_zip_has_plots_with_captions(workdir, tmp_path):  # noq
     assert plots and set(plots) <= base, (plots, names)
     assert {"report.md", "recommendation.json"} <= base
     for p in plots:  # every plot carries its caption (JSON-escaped inside report.html)
-        assert json.dumps(report.plot_caption(p))[1:-1] in text, p
+        assert json.dumps(plot_caption(p))[1:-1] in text, p
     assert "Plots" in text and "embedded-default" in text

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstudy import decision, intervals, stats
+from specstudy import decision, intervals, simulate, stats
 from specstudy.deployment import command
 
 T_975_DF1 = 12.706204736174698
@@ -65,15 +65,15 @@ def test_describe_edge_cases():
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_coverage_t_interval_near_nominal(n):
-    cov = intervals.coverage_simulation(n, "t_log", sims=1000, seed=11)
+    cov = simulate.coverage(n, "t_log", sims=1000, seed=11)
     # binomial SE at 1000 sims is 0.007: accept 0.93..0.97
     assert 0.93 <= cov <= 0.97, cov
 
 
 def test_percentile_bootstrap_undercovers_with_three_repeats():
     """Documented reason for choosing the t interval: the percentile bootstrap covers ~2/3 at n=3."""
-    boot = intervals.coverage_simulation(3, "bootstrap_percentile", sims=400, seed=3)
-    t = intervals.coverage_simulation(3, "t_log", sims=400, seed=3)
+    boot = simulate.coverage(3, "bootstrap_percentile", sims=400, seed=3)
+    t = simulate.coverage(3, "t_log", sims=400, seed=3)
     assert boot < 0.85 < t
 
 
@@ -255,7 +255,8 @@ def test_h2_is_evaluated_from_the_preregistration_of_both_studies(tmp_path):
     pre-registration's hypotheses list was read by nothing: H2 could never be tested."""
     import yaml
 
-    from specstudy.config import load_config, load_prereg
+    from specstudy.config import load_config
+    from specstudy.prereg import load_prereg
 
     root = Path(__file__).resolve().parents[1]
     for cfg_file in ("config/config.yaml", "config/clariden-70b.yaml"):

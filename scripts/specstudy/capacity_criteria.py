@@ -23,31 +23,6 @@ from typing import Any
 from specstudy.stat_util import finite_or_none as _num
 
 CRITERIA = ("knee_ratio", "ttft_p95_at_matched_load", "tpot_p95_at_matched_load", "kv_tokens_lost")
-FIELDS = ("min_knee_ratio", "matched_load_fraction", "max_ttft_p95_ratio", "max_tpot_p95_ratio",
-          "max_kv_tokens_lost_fraction")
-
-
-class CapacityCriteriaError(ValueError):
-    """The pre-registered capacity criteria are missing or unusable; the message names the file and field."""
-
-
-def check(prereg: dict, capacity_enabled: bool, source: str = "<pre-registration>") -> None:
-    """``capacity_criteria`` is required when the study runs a capacity search (the schema checks types)."""
-    crit = prereg.get("capacity_criteria")
-    if crit is None:
-        if capacity_enabled:
-            raise CapacityCriteriaError(
-                f"{source}: field 'capacity_criteria': missing, but the study runs a capacity search (capacity.enabled); "
-                "declare the limits before screening, e.g. capacity_criteria: {min_knee_ratio: 0.9, "
-                "matched_load_fraction: 0.8, max_ttft_p95_ratio: 1.2, max_tpot_p95_ratio: 1.2, "
-                "max_kv_tokens_lost_fraction: 0.6}")
-        return
-    missing = [f for f in FIELDS if crit.get(f) is None]
-    if missing:
-        raise CapacityCriteriaError(f"{source}: field 'capacity_criteria.{missing[0]}': missing; every criterion "
-                                    f"needs its declared limit ({', '.join(FIELDS)})")
-
-
 
 
 def _get(rec, key):

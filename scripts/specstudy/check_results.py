@@ -72,7 +72,7 @@ def attempt_copy(root: Path, declared: str, sha256: str) -> Path | None:
 def check_tree(root: str | os.PathLike = ".") -> Result:
     from .config import ConfigError
     from .prereg_guard import verify_lock
-    from .select import SelectionError, verify_selection
+    from .selection_lock import SelectionError, verify_selection
 
     root = Path(root)
     res = Result()

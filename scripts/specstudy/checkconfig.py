@@ -14,8 +14,9 @@ from pathlib import Path
 
 def check(path: str | Path, profile: str | Path | None = None, results: str | Path | None = None) -> list[str]:
     from . import extensions, preflight
-    from .config import load_config, load_prereg, prereg_path
+    from .config import load_config
     from .corpus import load_spec
+    from .prereg import load_prereg, prereg_path
 
     cfg = load_config(path)
     prereg = load_prereg(cfg)

@@ -20,7 +20,8 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
 
     from . import atomic, records, stats, tables
     from .atomic import sha256_file
-    from .config import load_config, load_prereg, prereg_path
+    from .config import load_config
+    from .prereg import load_prereg, prereg_path
 
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)

@@ -15,11 +15,11 @@ COMMAND_MODULES = [
     "fixture_models",
     "heldout",
     "corpus",
-    "plan",
+    "plan_cli",
     "loadgen",
     "deployment_run",
     "deployment.cli",
-    "engine_methods",
+    "engine_probe",
     "telemetry",
     "gate",
     "sampling_phase",
@@ -58,9 +58,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .errors import explain
+def explain(exc: BaseException) -> str | None:
+    """The message for a bad-input exception, or None for anything else (a bug: keep the traceback)."""
+    import json
 
+    from . import atomic, schemas
+    from .corpus import CorpusError
+    from .errors import ConfigError, UserError
+
+    if isinstance(exc, (UserError, atomic.BadFile, ConfigError, CorpusError, schemas.ValidationError)):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return f"{exc.filename or exc}: file not found. Check the path (relative paths are relative to {_cwd()})."
+    if isinstance(exc, (NotADirectoryError, FileExistsError)):
+        return (f"{exc.filename}: a file is in the way: an output directory was to be created there (an --out "
+                "that is a file?); pass an --out path that is a directory or does not exist yet, or move the file")
+    if isinstance(exc, IsADirectoryError):
+        return f"{exc.filename}: is a directory, a file was expected."
+    if isinstance(exc, PermissionError):
+        return f"{exc.filename}: permission denied."
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+    return None
+
+
+def _cwd() -> str:
+    import os
+
+    return os.getcwd()
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""Loading and checking the study config and its pre-registration.
+"""Loading and checking the study config (the pre-registration it names: :mod:`specstudy.prereg`).
 
 Schema errors name the file and the field; semantic checks (things a JSON schema cannot say)
 name the field and the fix.
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from . import schemas
+from .errors import ConfigError
+
+__all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
+           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class ConfigError(ValueError):
-    """The study config or pre-registration is unusable; the message says where and how to fix it."""
 
 
 def _load_yaml(path: Path, what: str = "file") -> Any:
@@ -146,93 +146,6 @@ def methods_record_path(cfg: dict) -> Path | None:
         return None
     p = Path(record)
     return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
-
-
-def prereg_path(cfg: dict) -> Path:
-    p = Path(cfg["study"]["preregistration"])
-    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
-
-
-def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>") -> None:
-    """Every declared hypothesis names a known test, has the roles that test needs, and its workload
-    roles name workloads of this study (an H2 naming 'chat' in a study of 'open_chat' is never testable)."""
-    from .stats import HYPOTHESIS_TESTS
-
-    workloads = list(workloads)
-    problems = []
-    seen = set()
-    for i, h in enumerate(prereg.get("hypotheses") or []):
-        where = f"field 'hypotheses[{i}]' ({h.get('id')})"
-        if h["id"] in seen:
-            problems.append(f"{where}: duplicate id {h['id']!r}; give every hypothesis its own id")
-        seen.add(h["id"])
-        test = HYPOTHESIS_TESTS.get(h["test"])
-        if test is None:
-            problems.append(f"{where}.test: {h['test']!r} is not a known test; use one of {sorted(HYPOTHESIS_TESTS)}")
-            continue
-        roles = h.get("roles") or {}
-        for role, kind in test["roles"].items():
-            if role not in roles:
-                problems.append(f"{where}.roles.{role}: required by test {h['test']!r} "
-                                f"({'a list of workloads' if kind == 'list' else 'a workload'} of {workloads})")
-                continue
-            names = roles[role] if isinstance(roles[role], list) else [roles[role]]
-            if (kind == "list") != isinstance(roles[role], list):
-                problems.append(f"{where}.roles.{role}: must be {'a list of workloads' if kind == 'list' else 'one workload name'}")
-            for name in names:
-                # Membership is checked where the study's workloads are known (a caller holding only the
-                # pre-registration's path, e.g. a lock check, cannot tell and checks the rest).
-                if workloads and name not in workloads:
-                    problems.append(f"{where}.roles.{role}: {name!r} is not a workload of this study; "
-                                    f"use one of {workloads} (corpora.workloads)")
-        extra = set(roles) - set(test["roles"])
-        if extra:
-            problems.append(f"{where}.roles: {sorted(extra)} not used by test {h['test']!r} "
-                            f"(its roles: {sorted(test['roles']) or 'none'})")
-    if problems:
-        raise ConfigError(f"{source}: invalid hypotheses:\n  - " + "\n  - ".join(problems))
-
-
-def read_prereg_file(path: str | Path) -> dict:
-    """A pre-registration file, parsed and checked against its schema (errors name the file and field)."""
-    data = _load_yaml(Path(path), "pre-registration")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: line 1: the pre-registration is {'empty' if data is None else 'a ' + type(data).__name__}, "
-                          "not a mapping; check that study.preregistration names a pre-registration file "
-                          "(keys version, selection, confirmation, gate)")
-    try:
-        schemas.validate(data, "preregistration", str(path))
-    except schemas.ValidationError as exc:
-        raise ConfigError(str(exc)) from None
-    return data
-
-
-def load_prereg(cfg: dict) -> dict:
-    path = prereg_path(cfg)
-    data = read_prereg_file(path)
-    check_hypotheses(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
-    if data.get("sampling") is not None:  # optional: the opt-in sampling phase (docs/sampling.md)
-        from .sampling import SamplingInputError, validate_settings
-
-        try:
-            validate_settings(data["sampling"], str(path))
-        except SamplingInputError as exc:
-            raise ConfigError(str(exc)) from None
-    from .decision import DecisionRuleError, check_prereg, check_traffic
-
-    try:
-        check_prereg(data, str(path))
-        check_traffic(data, (cfg.get("corpora") or {}).get("workloads") or [], str(path))
-        from .capacity_criteria import CapacityCriteriaError
-        from .capacity_criteria import check as check_capacity_criteria
-
-        try:
-            check_capacity_criteria(data, bool((cfg.get("capacity") or {}).get("enabled")), str(path))
-        except CapacityCriteriaError as exc:
-            raise DecisionRuleError(str(exc)) from None
-    except DecisionRuleError as exc:
-        raise ConfigError(str(exc)) from None
-    return data
 
 
 def resolved(cfg: dict) -> dict:

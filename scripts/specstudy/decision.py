@@ -546,7 +546,7 @@ def recommend(comps: list[dict], gates: list[dict], config: dict | None = None, 
     is routed by workload). An inconclusive cell blocks enabling; ``undecided`` lists those cells with the
     extra rounds expected to settle them. ``stability`` recomputes the decision on bootstrap resamples of
     the rounds. Without ``prereg`` the config's margins are used and the rule says so (a caller holding a
-    config that names a pre-registration reads it first: :func:`specstudy.config.load_prereg`).
+    config that names a pre-registration reads it first: :func:`specstudy.prereg.load_prereg`).
     """
     from .stats import settings
 

@@ -246,7 +246,7 @@ def _selection_verified(plan: Plan | None, plan_path: str | None) -> bool:
     """A confirmation deployment runs only on the selection its plan was built from."""
     if plan is None or not plan.selection:  # no plan, or a screening plan (no selection)
         return True
-    from .select import SelectionError, verify_selection
+    from .selection_lock import SelectionError, verify_selection
 
     try:
         verify_selection(plan.selection.path, plan_path)

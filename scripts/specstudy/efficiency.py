@@ -120,7 +120,7 @@ def plot_throughput_interactivity(points: list[dict], path: Path) -> bool:
     """Output tok/s per GPU against tok/s per user, one curve per arm over concurrency, one panel per workload."""
     if not points:
         return False
-    from .report import _plt, _save
+    from .plots import _plt, _save
 
     plt = _plt()
     workloads = sorted({p["workload"] for p in points})
@@ -143,7 +143,7 @@ def plot_throughput_interactivity(points: list[dict], path: Path) -> bool:
 
 def interactivity_section(B: list, cells: list[dict], plots: Path, deployments: list[dict] | None = None) -> list[dict]:
     """The report's "Throughput against interactivity" section: the plot and its points."""
-    from .report import plot_caption
+    from .plots import plot_caption
 
     B.append(("h", 2, "Throughput against interactivity"))
     phase = next((ph for ph in PHASES if any(_usable(c) and c["phase"] == ph for c in cells)), None)

@@ -77,8 +77,9 @@ def _captures_of(records: list[str]) -> list[str]:
 def judge_arm(baseline_records: list[str], candidate_records: list[str], prereg: str, arm: str, out: str | Path) -> dict:
     """The sampling judge of one arm from deployment records (their sampled captures), written to ``out``."""
     from . import sampling, schemas
+    from .prereg import load_sampling_settings
 
-    settings = sampling.load_settings(prereg)  # a missing or bad section names the file and the field
+    settings = load_sampling_settings(prereg)  # a missing or bad section names the file and the field
     base = _captures_of(baseline_records)
     cand = _captures_of(candidate_records)
     rec = sampling.judge(base, cand, base, settings, arm=arm, phase="sampling", settings_source=f"{prereg}: sampling")
@@ -161,7 +162,8 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
 
 
 def _cmd_summary(args) -> int:
-    from .config import load_config, load_prereg
+    from .config import load_config
+    from .prereg import load_prereg
 
     cfg = load_config(args.config)
     if args.prereg:
@@ -169,7 +171,7 @@ def _cmd_summary(args) -> int:
     prereg = load_prereg(cfg)
     if args.phase not in extensions.declared(cfg):
         raise UserError(f"{args.config}: field 'extensions.{args.phase}' is missing; declare the phase to summarise it")
-    from .config import prereg_path
+    from .prereg import prereg_path
 
     summarize(args.phase, args.plan, cfg, prereg, args.results, args.out, prereg_file=str(prereg_path(cfg)))
     print(f"{args.phase}: summary -> {args.out}/summary.json, section -> {args.out}/section.md")

@@ -24,7 +24,7 @@ deployment job reads *what* to run from the plan alone, as in the core phases.
 
 from __future__ import annotations
 
-from .config import ConfigError
+from .errors import ConfigError
 
 PHASES = ("sampling", "ignore_eos", "memory", "profile")
 #: the Snakemake target of each phase

@@ -4,7 +4,7 @@
 confidence interval of the geometric mean. The primary interval (``ci_method``, default ``t_log``) is
 :func:`t_log_interval`, a Student-t interval on log ratios with n-1 degrees of freedom: with 2–5 repeats
 the percentile bootstrap under-covers badly (the bootstrap distribution of a mean of 3 values is too
-narrow by a factor ≈ sqrt((n-1)/n) and ignores t quantiles), which :func:`coverage_simulation` measures
+narrow by a factor ≈ sqrt((n-1)/n) and ignores t quantiles), which :func:`specstudy.simulate.coverage` measures
 and the tests pin. :func:`bootstrap_interval` (exact enumeration of all n^n resamples for n ≤ 6, BCa
 with fall-back to percentile when BCa is undefined) is reported alongside.
 
@@ -119,16 +119,3 @@ def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resampl
     if n < 5 and ci_method != "t_log":
         out["ci_note"] = "bootstrap with < 5 repeats under-covers; see coverage simulation"
     return out
-
-
-def coverage_simulation(n: int, method: str = "t_log", sims: int = 2000, sigma: float = 0.05,
-                        true_effect: float = 1.1, confidence: float = 0.95, seed: int = 7,
-                        scenario: str = "lognormal") -> float:
-    """Share of simulated studies (n deployments around ``true_effect``) whose interval covers it.
-
-    ``scenario``: the deployment-effect distribution (:data:`specstudy.simulate.SCENARIOS`: log-normal,
-    skewed, heavy-tailed, an outlying deployment), shared with the decision rule's simulation.
-    """
-    from .simulate import coverage
-
-    return coverage(n, method, scenario, sims, sigma, true_effect, confidence, seed)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .plots import _plt, _save, plot_caption
 from .records import SelectionRecord, read_selection
 
 Block = tuple
@@ -138,52 +139,6 @@ def selection_check(selection: SelectionRecord | None) -> dict:
     return {"present": True, "used_confirmation": used,
             "inputs": [f"{i.path} (sha256 {i.sha256})" for i in selection.inputs],
             "candidates": [c.arm for c in selection.candidates]}
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots (matplotlib, Agg)
-# ---------------------------------------------------------------------------------------------
-# One-line caption of every plot (plots/<name>.png; capacity-<arm>.png use "capacity"). The same
-# texts are the captions of `snakemake --report` (report/plot.rst; tests/test_snakemake_report.py
-# checks that the two agree).
-PLOT_CAPTIONS = {
-    "speedup": "Speedup (arm ÷ baseline output tokens/s) per workload vs concurrency: geometric mean with "
-               "its CI, dots are the repeats, the dashed line is no change.",
-    "tpot": "TPOT ratio (arm ÷ baseline time per output token) per workload vs concurrency: below 1 decodes faster.",
-    "acceptance_vs_speedup": "Acceptance rate vs speedup, one point per arm deployment repeat, workload and concurrency.",
-    "per_position": "Acceptance rate at each draft position, mean over the valid cells of each arm.",
-    "memory": "KV cache capacity per arm (median tokens over its deployments): the memory speculation costs.",
-    "latency": "Per-request TTFT and TPOT distributions per arm (chosen cells, all workloads and concurrencies pooled).",
-    "drift": "Baseline log throughput minus its series mean over the study, per node, with the fitted drift line.",
-    "capacity": "Capacity search of one arm: achieved rate and latency vs offered Poisson rate, gates and knee marked.",
-    "throughput_interactivity": "Output tokens/s per GPU against tokens/s per user (1000 / TPOT p50), one curve per "
-                                "arm over concurrency: arms compared at matched interactivity.",
-}
-
-
-def plot_caption(name: str, detail: str = "") -> str:
-    key = "capacity" if name.startswith("capacity-") else name.removesuffix(".png")
-    return PLOT_CAPTIONS[key] + (f" ({detail})" if detail else "")
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    import io
-
-    from specstudy import atomic
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
-    _plt().close(fig)
-    atomic.write_bytes(path, buf.getvalue())
 
 
 def plot_ratio(comps: list[dict], metric: str, path: Path, title: str) -> bool:
@@ -358,8 +313,8 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
             missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
     if not gates:
         missing.append("no gate verdicts (results/gates/)")
-    from .config import load_prereg
     from .decision import recommend
+    from .prereg import load_prereg
 
     prereg = load_prereg(config) if (config.get("study") or {}).get("preregistration") else None
     rec = _with_capacity_half(recommend(comps, gates, config, prereg), results, config)
@@ -488,7 +443,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
 
 def _declared_hypotheses(config: dict) -> tuple[list[dict] | None, str | None]:
     """The pre-registered hypotheses of the study config (None without a pre-registration)."""
-    from .config import load_prereg, prereg_path
+    from .prereg import load_prereg, prereg_path
 
     if not (config.get("study") or {}).get("preregistration"):
         return None, None
@@ -649,7 +604,7 @@ def _with_capacity_half(rec: dict, results: Path, config: dict) -> dict:
     enabled = bool((config.get("capacity") or {}).get("enabled"))
     crit = None
     if (config.get("study") or {}).get("preregistration"):
-        from specstudy.config import load_prereg
+        from specstudy.prereg import load_prereg
 
         crit = load_prereg(config).get("capacity_criteria")
     arm = rec.get("enable")

@@ -29,7 +29,7 @@ detected; not a proof".
 
 Functions: :func:`capture_sampled` (a sampled capture against a running server),
 :func:`load_sampled_capture`, :func:`length_difference`, :func:`unigram_tvd`, :func:`text_similarity`,
-:func:`compare_pair`, :func:`validate_settings`, :func:`load_settings`, :func:`judge`; the phase's
+:func:`compare_pair`, :func:`judge` (its settings checked by :func:`specstudy.prereg.check_sampling`); the phase's
 summary and report section live in :mod:`specstudy.sampling_phase`. CLI: ``specstudy sampling
 {capture,judge,summary}``. The workflow rules are not built yet (docs/sampling.md).
 """
@@ -44,11 +44,10 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from . import atomic, schemas
-from .errors import UserError
+from .prereg import SamplingInputError, check_sampling
 
 CAPTURE_SCHEMA = "specstudy.sampled-capture/1"
 GREEDY_CAPTURE_SCHEMA = "specstudy.capture/1"
@@ -85,10 +84,6 @@ DEFINITIONS = {
               "text_similarity (positive = the candidate diverges more)",
     "check": "fails when the one-sided test is significant at the (corrected) alpha AND effect > margin",
 }
-
-
-class SamplingInputError(UserError):
-    """Bad input to the sampling judge; the message names the file, the field and the fix."""
 
 
 # --------------------------------------------------------------------------- captures
@@ -329,40 +324,6 @@ def compare_pair(a: dict, b: dict, *, unit: str = "word", pairing: str = "same_s
 # --------------------------------------------------------------------------- settings
 
 
-def validate_settings(settings: Any, source: str = "sampling settings") -> dict:
-    """Check a pre-registration's ``sampling`` section (schema + cross-field rules); errors name ``source``
-    and the field (``sampling.<path>``). Returns it unchanged."""
-    import jsonschema
-
-    sub = schemas.load_schema("preregistration")["properties"]["sampling"]
-    validator = jsonschema.validators.validator_for(sub)(sub)
-    errs = []
-    for err in sorted(validator.iter_errors(settings), key=lambda e: list(map(str, e.absolute_path))):
-        field = ".".join(["sampling", *map(str, err.absolute_path)])
-        allowed = f" (allowed: {', '.join(map(str, err.validator_value))})" if err.validator == "enum" else ""
-        errs.append(f"field '{field}': {err.message}{allowed}")
-    if not errs and settings["control_pairing"] == "rotated_seed" and settings["seeds"]["per_prompt"] < 2:
-        errs.append("field 'sampling.seeds.per_prompt': rotated_seed control pairing needs at least 2 seeds per "
-                    "prompt; raise per_prompt or declare control_pairing: same_seed")
-    if errs:
-        raise SamplingInputError(f"{source}: invalid sampling section:\n  - " + "\n  - ".join(errs))
-    return settings
-
-
-def load_settings(prereg_path: str | os.PathLike) -> dict:
-    """The ``sampling`` section of a pre-registration file (schema-checked, then :func:`validate_settings`).
-
-    Errors name the file and the field; a pre-registration without the section is refused."""
-    from .config import read_prereg_file
-
-    path = Path(prereg_path)
-    section = read_prereg_file(path).get("sampling")
-    if section is None:
-        raise SamplingInputError(f"{path}: field 'sampling' missing; the sampling phase needs a pre-registered "
-                                 "sampling section (see docs/sampling.md)")
-    return validate_settings(section, str(path))
-
-
 # --------------------------------------------------------------------------- the test
 
 
@@ -442,7 +403,7 @@ def judge(baseline, candidate, control, settings: dict, *, arm: str | None = Non
     more independently launched deployments of one configuration (usually every baseline repeat).
     ``settings``: the pre-registration's ``sampling`` section. Returns the record (schema ``sampling-gate``).
     """
-    settings = validate_settings(settings, settings_source)
+    settings = check_sampling(settings, settings_source)
     base = _load_all(baseline, "baseline")
     cand = _load_all(candidate, "candidate")
     ctrl = _load_all(control, "control")

@@ -312,10 +312,11 @@ def _one_line(exc: Exception) -> str:
 
 def _cmd_judge(args) -> int:
     from .config import ConfigError
-    from .sampling import judge, load_settings
+    from .prereg import load_sampling_settings
+    from .sampling import judge
 
     try:
-        settings = load_settings(args.prereg)
+        settings = load_sampling_settings(args.prereg)
     except SamplingInputError as exc:
         raise SamplingInputError(_one_line(exc)) from None
     except ConfigError as exc:
@@ -330,10 +331,11 @@ def _cmd_judge(args) -> int:
 
 
 def _cmd_capture(args) -> int:
-    from .sampling import capture_sampled, load_settings
+    from .prereg import load_sampling_settings
+    from .sampling import capture_sampled
 
     try:
-        settings = load_settings(args.prereg)
+        settings = load_sampling_settings(args.prereg)
     except SamplingInputError as exc:
         raise SamplingInputError(_one_line(exc)) from None
     prompts = atomic.read_jsonl(args.prompts)

@@ -32,12 +32,10 @@ from pathlib import Path
 
 from . import atomic
 from .atomic import sha256_file
-from .config import load_config, load_prereg
-from .records import Plan, kv_cache_tokens, read_plan, to_record
-
-
-class SelectionError(RuntimeError):
-    pass
+from .config import load_config
+from .prereg import load_prereg
+from .records import kv_cache_tokens, read_plan
+from .selection_lock import SelectionError, selection_digest, verify_selection
 
 
 def _metric(summary: dict, metric: str) -> float | None:
@@ -46,54 +44,6 @@ def _metric(summary: dict, metric: str) -> float | None:
         return float(v) if v else None
     v = (summary.get("tokens") or {}).get("output_tokens_per_second")
     return 1.0 / float(v) if v else None  # invert: lower is better everywhere below
-
-
-def selection_digest(selection: dict) -> str:
-    """sha256 of the selection's canonical JSON (sorted keys, no whitespace), the ``digest`` field left out."""
-    import hashlib
-    import json
-
-    body = {k: v for k, v in selection.items() if k != "digest"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def verify_selection(path: str | Path, plan: Plan | dict | str | Path | None = None) -> dict:
-    """The selection at ``path`` after checking it was not edited by hand: its ``digest`` must match its
-    content and, given the confirmation plan (a records.Plan, plan.make_plan's dict or the plan's path), its
-    file sha256 must equal the plan's record."""
-    path = Path(path)
-    try:
-        sel = atomic.read_json(path)
-    except (OSError, ValueError) as exc:
-        raise SelectionError(f"{path}: cannot read the selection ({exc}); re-run the select rule") from exc
-    digest = sel.get("digest")
-    if not digest:
-        raise SelectionError(f"{path}: field 'digest' missing; a selection written by `specstudy select` carries "
-                             "it. Re-create the selection from the screening outputs (snakemake --forcerun select "
-                             "after removing the protected file)")
-    actual = selection_digest(sel)
-    if actual != digest:
-        raise SelectionError(f"{path}: content does not match its field 'digest' ({digest} recorded, {actual} "
-                             "computed): the selection was edited after `specstudy select` wrote it. Restore it "
-                             "or re-create it from the screening outputs; a hand-edited selection is never consumed")
-    if plan is not None:
-        if isinstance(plan, Plan | dict):
-            plan_path = "<confirmation plan>"
-            plan = plan if isinstance(plan, Plan) else to_record(plan, Plan, plan_path)
-        else:
-            plan_path = str(plan)
-            plan = read_plan(plan)
-        recorded = plan.selection.sha256 if plan.selection else None
-        if not recorded:
-            raise SelectionError(f"{plan_path}: field 'selection.sha256' missing; a confirmation plan records the "
-                                 "selection it was built from. Re-run the plan_confirm rule")
-        now = sha256_file(path)
-        if now != recorded:
-            raise SelectionError(f"{path}: sha256 {now} differs from the one recorded in {plan_path} "
-                                 f"(selection.sha256 = {recorded}): the selection changed after the confirmation "
-                                 "plan was made. Restore the selection the plan was built from, or re-plan")
-    return sel
 
 
 def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: list[dict] | None = None) -> dict:
@@ -199,7 +149,8 @@ def run_selection(config_path: str, lock_path: str, summary_paths: list[str], de
     may be written (the same screening content gives the same bytes); any other is refused."""
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)
-    from .config import ConfigError, prereg_path
+    from .config import ConfigError
+    from .prereg import prereg_path
     from .prereg_guard import verify_lock
 
     try:

@@ -21,7 +21,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import atomic
 from .atomic import sha256_file
+from .records import Plan, read_plan, to_record
 
 CONFIRM_PLAN = "results/plan/confirm.json"
 SELECTION = "results/selection/selection.json"
@@ -63,8 +65,6 @@ def changed_inputs(selection: dict, root: str | os.PathLike = ".", include_missi
 
 def check(root: str | os.PathLike = ".") -> None:
     """Raise :class:`LockBroken` when the locked selection or its screening inputs changed (see module doc)."""
-    from .select import SelectionError, verify_selection
-
     root = Path(root)
     if not locked(root) or not (root / SELECTION).exists():
         return
@@ -88,3 +88,55 @@ def message(changed: list[Changed]) -> str:
             f"attempts/ where it can; `specstudy check-results` lists what it can restore), or accept the new "
             f"screening data: `{RESELECT_COMMAND}` archives confirmation, the selection and its plan under "
             "results-archive/ and runs selection and confirmation again")
+
+
+class SelectionError(RuntimeError):
+    pass
+
+
+def selection_digest(selection: dict) -> str:
+    """sha256 of the selection's canonical JSON (sorted keys, no whitespace), the ``digest`` field left out."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in selection.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def verify_selection(path: str | Path, plan: Plan | dict | str | Path | None = None) -> dict:
+    """The selection at ``path`` after checking it was not edited by hand: its ``digest`` must match its
+    content and, given the confirmation plan (a records.Plan, plan.make_plan's dict or the plan's path), its
+    file sha256 must equal the plan's record."""
+    path = Path(path)
+    try:
+        sel = atomic.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise SelectionError(f"{path}: cannot read the selection ({exc}); re-run the select rule") from exc
+    digest = sel.get("digest")
+    if not digest:
+        raise SelectionError(f"{path}: field 'digest' missing; a selection written by `specstudy select` carries "
+                             "it. Re-create the selection from the screening outputs (snakemake --forcerun select "
+                             "after removing the protected file)")
+    actual = selection_digest(sel)
+    if actual != digest:
+        raise SelectionError(f"{path}: content does not match its field 'digest' ({digest} recorded, {actual} "
+                             "computed): the selection was edited after `specstudy select` wrote it. Restore it "
+                             "or re-create it from the screening outputs; a hand-edited selection is never consumed")
+    if plan is not None:
+        if isinstance(plan, Plan | dict):
+            plan_path = "<confirmation plan>"
+            plan = plan if isinstance(plan, Plan) else to_record(plan, Plan, plan_path)
+        else:
+            plan_path = str(plan)
+            plan = read_plan(plan)
+        recorded = plan.selection.sha256 if plan.selection else None
+        if not recorded:
+            raise SelectionError(f"{plan_path}: field 'selection.sha256' missing; a confirmation plan records the "
+                                 "selection it was built from. Re-run the plan_confirm rule")
+        now = sha256_file(path)
+        if now != recorded:
+            raise SelectionError(f"{path}: sha256 {now} differs from the one recorded in {plan_path} "
+                                 f"(selection.sha256 = {recorded}): the selection changed after the confirmation "
+                                 "plan was made. Restore the selection the plan was built from, or re-plan")
+    return sel

@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError
+from .errors import ConfigError
 
 FIELD = "workload_options"
 #: Template arguments that vLLM or the request itself sets; a switch must not override them.

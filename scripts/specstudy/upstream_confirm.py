@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     config = prereg = None
     if a.config:
-        from specstudy.config import load_config, load_prereg
+        from specstudy.config import load_config
+        from specstudy.prereg import load_prereg
 
         config = load_config(a.config)
         if (config.get("study") or {}).get("preregistration"):

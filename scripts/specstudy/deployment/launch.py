@@ -9,6 +9,7 @@ psutil that nothing of the group remains.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import signal
@@ -425,8 +426,6 @@ class ContainerBackend(LocalProcessBackend):
         return compile_cache_state(None, f"container ({root or 'vLLM default'}; not inspected from the host)")
 
     def describe(self, attempt_dir: Path | None = None) -> dict:
-        from .provenance import bind_mount_hashes, image_digest
-
         edf = self.edf()
         return {"kind": self.kind, "image": edf.get("image"), "image_digest": self.container.get("image_digest")
                 or image_digest(edf.get("image")), "edf": str(self.container.get("edf") or ""),
@@ -485,3 +484,45 @@ def start_server(engine_cfg: dict, arm: dict, *, attempt_dir: str | os.PathLike,
                            port=port, attempt_dir=attempt_dir)
     return server, backend
 
+
+# ---------------------------------------------------------------- what a container deployment mounts
+def bind_mount_hashes(mounts: list) -> list[dict]:
+    out = []
+    for m in mounts:
+        src, _, rest = str(m).partition(":")
+        dst = rest.split(":", 1)[0] if rest else src
+        p = Path(src)
+        entry = {"src": src, "dst": dst, "sha256": None, "kind": "missing"}
+        if p.is_file():
+            entry.update(kind="file", sha256=sha256_file(p))
+        elif p.is_dir():
+            entry.update(kind="directory", sha256=_dir_digest(p))
+        out.append(entry)
+    return out
+
+
+def _dir_digest(path: Path, max_files: int = 2000) -> str:
+    h = hashlib.sha256()
+    for i, f in enumerate(sorted(p for p in path.rglob("*") if p.is_file())):
+        if i >= max_files:
+            h.update(b"...truncated")
+            break
+        h.update(str(f.relative_to(path)).encode() + b"\0" + (sha256_file(f) or "").encode() + b"\n")
+    return h.hexdigest()
+
+
+def image_digest(image: str | None) -> str | None:
+    """sha256 of a local squashfs image's first 64 MiB plus its size (full hashing of 30 GB is too slow)."""
+    if not image or not Path(image).is_file():
+        return None
+    size = Path(image).stat().st_size
+    head = sha256_file(image, limit=64 << 20)
+    return f"head64m-sha256:{head};size={size}"
+
+
+def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str | None:
+    """:func:`specstudy.atomic.sha256_file`, or None for an unreadable file (provenance records what it can)."""
+    try:
+        return atomic.sha256_file(path, limit=limit)
+    except OSError:
+        return None

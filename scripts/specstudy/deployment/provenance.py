@@ -3,7 +3,6 @@ software versions; secrets redacted."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -11,55 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
 from .command import engine_settings
-from .launch import PROJECT_ROOT, LocalProcessBackend, Server, make_backend
+from .launch import PROJECT_ROOT, LocalProcessBackend, Server, make_backend, sha256_file
 from .launchlog import parse_launch_log
 from .redaction import redact_argv, redact_env, redact_text, secret_values
 
 PROVENANCE_SCHEMA = "specstudy.provenance/1"
-
-
-def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str | None:
-    """:func:`specstudy.atomic.sha256_file`, or None for an unreadable file (provenance records what it can)."""
-    try:
-        return atomic.sha256_file(path, limit=limit)
-    except OSError:
-        return None
-
-
-def bind_mount_hashes(mounts: list) -> list[dict]:
-    out = []
-    for m in mounts:
-        src, _, rest = str(m).partition(":")
-        dst = rest.split(":", 1)[0] if rest else src
-        p = Path(src)
-        entry = {"src": src, "dst": dst, "sha256": None, "kind": "missing"}
-        if p.is_file():
-            entry.update(kind="file", sha256=sha256_file(p))
-        elif p.is_dir():
-            entry.update(kind="directory", sha256=_dir_digest(p))
-        out.append(entry)
-    return out
-
-
-def _dir_digest(path: Path, max_files: int = 2000) -> str:
-    h = hashlib.sha256()
-    for i, f in enumerate(sorted(p for p in path.rglob("*") if p.is_file())):
-        if i >= max_files:
-            h.update(b"...truncated")
-            break
-        h.update(str(f.relative_to(path)).encode() + b"\0" + (sha256_file(f) or "").encode() + b"\n")
-    return h.hexdigest()
-
-
-def image_digest(image: str | None) -> str | None:
-    """sha256 of a local squashfs image's first 64 MiB plus its size (full hashing of 30 GB is too slow)."""
-    if not image or not Path(image).is_file():
-        return None
-    size = Path(image).stat().st_size
-    head = sha256_file(image, limit=64 << 20)
-    return f"head64m-sha256:{head};size={size}"
 
 
 def _run(argv: list[str], timeout: float = 20.0, cwd: str | os.PathLike | None = None) -> str | None:
