@@ -30,7 +30,7 @@ install-suffix: install
 gpu-stage:
 	python3 envs/gpu/stage.py
 
-# Deployment jobs also write their progress lines to this terminal (specstudy/progress.py).
+# Deployment jobs also write their progress lines to this terminal (specstudy/measure/progress.py).
 study screen confirm capacity sampling mechanics memory profile: export SPECSTUDY_PROGRESS_TTY = 1
 
 study: install

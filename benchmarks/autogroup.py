@@ -33,12 +33,12 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import config as configmod  # noqa: E402
-from specstudy import corpus as corpusmod  # noqa: E402
-from specstudy import loadgen  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
 from specstudy.deployment import readiness  # noqa: E402
-from specstudy.deployment.spec import engine_flat  # noqa: E402
+from specstudy.inputs import corpus as corpusmod  # noqa: E402
+from specstudy.job.spec import engine_flat  # noqa: E402
+from specstudy.measure import loadgen  # noqa: E402
+from specstudy.study import config as configmod  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ Prints two Markdown tables (docs/report.md: "Decision rule: operating characteri
 2. Coverage of the t interval, the percentile and the BCa bootstrap under each noise scenario.
 
 Between-deployment noise: with ``--tables`` (default results/tables when it exists) the pooled SD of the
-measured per-deployment log speedups; otherwise the declared fall-back (specstudy.simulate.DECLARED_SIGMA,
+measured per-deployment log speedups; otherwise the declared fall-back (specstudy.inference.simulate.DECLARED_SIGMA,
 derived from the interval quoted in issue #15), plus 0.03 as a declared GPU-scale illustration.
 
     python benchmarks/decision_rule.py                       # ~30 s on one core
@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import decision, simulate, stats  # noqa: E402
-from specstudy.config import load_config  # noqa: E402
-from specstudy.prereg import load_prereg  # noqa: E402
+from specstudy.inference import decision, simulate, stats  # noqa: E402
+from specstudy.study.config import load_config  # noqa: E402
+from specstudy.study.prereg import load_prereg  # noqa: E402
 
 
 def _sigmas(args) -> list[tuple[float, str]]:
@@ -40,7 +40,7 @@ def _sigmas(args) -> list[tuple[float, str]]:
     tables = Path(args.tables)
     out = []
     if (tables / "cells.parquet").exists():
-        from specstudy.tables import read_tables
+        from specstudy.analysis.tables import read_tables
 
         comps = stats.comparisons(read_tables(tables)["cells"])
         phase = [c for c in comps if c["phase"] == "confirm"] or comps

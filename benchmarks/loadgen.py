@@ -86,7 +86,7 @@ def build_tokenizer(directory: Path) -> Path:
 
 
 def worker_ours(spec: dict) -> list[dict]:
-    from specstudy.loadgen import RequestSpec, run_closed_loop, run_open_loop
+    from specstudy.measure.loadgen import RequestSpec, run_closed_loop, run_open_loop
 
     out = []
     msgs = [{"role": "user", "content": "w1 w2 w3 w4 w5 w6 w7 w8"}]
@@ -128,8 +128,8 @@ def worker_ours(spec: dict) -> list[dict]:
 
 def worker_capacity(spec: dict) -> dict:
     """One capacity step (as the search runs it) with the sampler off / on (scan) / on (full parse)."""
-    from specstudy import capacity, prom
-    from specstudy.loadgen import RequestSpec
+    from specstudy.measure import capacity, prom
+    from specstudy.measure.loadgen import RequestSpec
 
     if spec["variant"] == "full_parse":  # the sampler as it was: a whole-page parse per scrape
         prom.scan_gauges = prom.gauges

@@ -39,11 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import config as configmod  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
 from specstudy.deployment import launchlog, readiness, utcnow  # noqa: E402
 from specstudy.deployment.launchlog import STARTUP_PHASES  # noqa: E402
-from specstudy.deployment.spec import engine_flat  # noqa: E402
+from specstudy.job.spec import engine_flat  # noqa: E402
+from specstudy.study import config as configmod  # noqa: E402
 
 IMPORTS = {"api_server": "vllm.entrypoints.openai.api_server", "engine_core": "vllm.v1.engine.core"}
 

@@ -39,11 +39,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from autogroup import bench_requests  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from specstudy import config as configmod  # noqa: E402
-from specstudy import loadgen  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
 from specstudy.deployment import launchlog, readiness  # noqa: E402
-from specstudy.deployment.spec import engine_flat  # noqa: E402
+from specstudy.job.spec import engine_flat  # noqa: E402
+from specstudy.measure import loadgen  # noqa: E402
+from specstudy.study import config as configmod  # noqa: E402
 
 CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 

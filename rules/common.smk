@@ -8,11 +8,11 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
 
-from specstudy import plan as _plan  # noqa: E402
-from specstudy.config import ConfigError, check_config, effective_config_files  # noqa: E402
-from specstudy.prereg import load_prereg, prereg_path  # noqa: E402
-from specstudy.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
-from specstudy import stale as _stale  # noqa: E402
+from specstudy.study import plan as _plan  # noqa: E402
+from specstudy.study.config import ConfigError, check_config, effective_config_files  # noqa: E402
+from specstudy.study.prereg import load_prereg, prereg_path  # noqa: E402
+from specstudy.study.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
+from specstudy.analysis import stale as _stale  # noqa: E402
 
 # The config as specstudy's reader parsed it (rules/studyconfig.smk): same merge as Snakemake's, but a
 # `1e3` is the number it spells. Messages name the file(s) actually given.
@@ -24,7 +24,7 @@ try:
     PREREG = load_prereg(config)
     # The same pre-flight as `specstudy check-config`: the engine's files, the client's CPU pinning (when
     # the deployments run on this machine) and the extension arms; a dry run stops here too.
-    from specstudy.preflight import check_study as _preflight  # noqa: E402
+    from specstudy.study.preflight import check_study as _preflight  # noqa: E402
 
     _preflight(config, _CONFIG_SOURCE, cpus=workflow.local_exec)
 except ConfigError as exc:
@@ -34,7 +34,7 @@ PREREG_FILE = str(prereg_path(config))
 _LOCK = Path("results/screen/prereg-lock.json")
 def _read_result(path):
     """A result file read at DAG time; a corrupt one is a WorkflowError naming the file and the fix."""
-    from specstudy.atomic import BadFile, read_json
+    from specstudy.core.atomic import BadFile, read_json
 
     try:
         return read_json(path)
@@ -61,11 +61,11 @@ try:
     _verify_recorded("results", PREREG_FILE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
-# Once confirmation has a plan the selection is locked (specstudy.selection_lock): an edited selection, or
+# Once confirmation has a plan the selection is locked (specstudy.study.selection_lock): an edited selection, or
 # screening files whose content changed since it was made, stop every run here, before any job, naming the
 # files and the fix (never an InputFunctionException, never a silent new selection). Checked by the main
 # Snakemake process only: a job's own parse (a Slurm job) runs what the main process already scheduled.
-from specstudy import selection_lock as _selection_lock  # noqa: E402
+from specstudy.study import selection_lock as _selection_lock  # noqa: E402
 
 if workflow.is_main_process:
     try:
@@ -126,13 +126,13 @@ wildcard_constraints:
 # The effective config (Snakefile default merged with --configfile/--config), content-addressed; written
 # by effective_config (rules/plan.smk), never at parse time.
 # CONFIG_FILE: the whole config. DEPLOYMENT_CONFIG_FILE: the sections a deployment job reads
-# (specstudy.config.DEPLOYMENT_SECTIONS).
+# (specstudy.study.config.DEPLOYMENT_SECTIONS).
 CONFIG_TEXTS = effective_config_files(config)
 CONFIG_FILE, DEPLOYMENT_CONFIG_FILE = CONFIG_TEXTS
 
 
 def write_config_file(path):
-    from specstudy.atomic import write_text
+    from specstudy.core.atomic import write_text
 
     write_text(path, CONFIG_TEXTS[path])
 
@@ -141,7 +141,7 @@ def write_config_file(path):
 
 def _corpus_id(spec_path, field):
     """(name, version) of a corpus spec, validated with the config: a broken spec fails the dry run."""
-    from specstudy.corpus import CorpusError, load_spec
+    from specstudy.inputs.corpus import CorpusError, load_spec
 
     try:
         spec = load_spec(spec_path)
@@ -208,7 +208,7 @@ def scale_shape_arg(role):
 
 def scale_smoke_prompts():
     """The smoke corpus's bundled source rows (id + messages): the function check's prompts, all of them."""
-    from specstudy.scale_model import smoke_source
+    from specstudy.inputs.scale_model import smoke_source
 
     return smoke_source(config["corpora"]["smoke"])
 
@@ -257,7 +257,7 @@ def _read_plan(path):
     """A plan file as the DAG reads it: the typed record (records.read_plan; a bad file names itself, the
     field and the fix) as plain data, cached by mtime (input functions ask for it many times)."""
     import msgspec
-    from specstudy.records import RecordError, read_plan
+    from specstudy.core.records import RecordError, read_plan
 
     key = (path, os.stat(path).st_mtime_ns)
     if key not in _PLANS:
@@ -277,7 +277,7 @@ def screen_plan():
 def verified_selection_file(wildcards=None, plan_file=None):
     """The selection checkpoint's output, verified when the DAG is built (its digest; with ``plan_file``, also
     the sha256 that plan recorded): a corrupt or edited selection stops the dry run, naming the file."""
-    from specstudy.select import SelectionError, verify_selection
+    from specstudy.analysis.select import SelectionError, verify_selection
 
     path = selection_file()
     try:
@@ -563,10 +563,10 @@ def tables_inputs(wildcards):
 
 
 # ------------------------------------------------------------------ extension phases (rules/extensions.smk)
-# Opt-in phases after the greedy core (specstudy.extensions; docs/extensions.md): each has its own plan
+# Opt-in phases after the greedy core (specstudy.study.extensions; docs/extensions.md): each has its own plan
 # checkpoint (results/plan/<phase>.json), deployments under results/<phase>/, a summary and a report
 # section; none is ever read by the core tables, gates, selection or decision.
-from specstudy import extensions as _ext  # noqa: E402
+from specstudy.study import extensions as _ext  # noqa: E402
 
 try:
     _ext.check(config, PREREG, _CONFIG_SOURCE)

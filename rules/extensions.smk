@@ -1,4 +1,4 @@
-# Opt-in extension phases after the greedy core (specstudy.extensions; docs/extensions.md): each phase
+# Opt-in extension phases after the greedy core (specstudy.study.extensions; docs/extensions.md): each phase
 # plans its deployments from the confirmation plan's arms, runs them through the same deployment job,
 # and summarises them into results/<phase>/{summary.json,section.md} (the sampling phase: also its judges,
 # results/sampling/gates/<arm>.json). Never pooled with screen/confirm.

@@ -1,5 +1,5 @@
 # Helpers of rules/mechanics.smk (functions only; the rules live there).
-from specstudy import mechanics as _mech  # noqa: E402
+from specstudy.mechanics import point as _mech  # noqa: E402
 
 MECHANICS_FILE = config.get("mechanics") or "config/gpu-h200-mechanics.yaml"
 

@@ -1,12 +1,12 @@
 # Fixture models of the embedded default: a tiny target and draft sharing one tokenizer (no hub, no network).
-from specstudy.fixture_models import training_files as _fixture_training_files  # noqa: E402
+from specstudy.inputs.fixture_models import training_files as _fixture_training_files  # noqa: E402
 
 
 rule fixture_models:
     input:
         # the bundled text the models train on, and their code: an edit of either rebuilds them
         text=[str(p) for p in _fixture_training_files("corpora/data")],
-        module="scripts/specstudy/fixture_models.py",
+        module="scripts/specstudy/inputs/fixture_models.py",
     output:
         record=FIXTURE_RECORD,
     log:
@@ -32,7 +32,7 @@ rule fixture_heldout:
         models=FIXTURE_RECORD,
         heldout="corpora/heldout/prompts.jsonl",
         workloads=workload_corpus_json(),
-        module="scripts/specstudy/heldout.py",
+        module="scripts/specstudy/inputs/heldout.py",
     output:
         FIXTURE_HELDOUT,
     log:
@@ -49,14 +49,14 @@ rule fixture_heldout:
         "--workload-corpora {input.workloads} --k {params.k} --out {output} > {log} 2>&1"
 
 
-# The scale model (issue 27, scripts/specstudy/scale_model.py): the fixture pair widened, function-
+# The scale model (issue 27, scripts/specstudy/inputs/scale_model.py): the fixture pair widened, function-
 # preserving, into an 8B-shaped target and a 1B-shaped draft from a seed; the function check against the
 # fixture on the smoke prompts must pass or nothing is written. Built on the GPU when present.
 rule scale_models:
     input:
         fixture=FIXTURE_RECORD,
         prompts=scale_smoke_prompts() if SCALE else [],
-        module="scripts/specstudy/scale_model.py",
+        module="scripts/specstudy/inputs/scale_model.py",
     output:
         record=SCALE_RECORD,
     log:

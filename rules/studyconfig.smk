@@ -1,4 +1,4 @@
-# The study config as specstudy's own reader sees it (scripts/specstudy/studyyaml.py): a duplicate key, a
+# The study config as specstudy's own reader sees it (scripts/specstudy/core/studyyaml.py): a duplicate key, a
 # non-finite number or a YAML error names the file and the line. config/config.yaml is read here before
 # Snakemake's `configfile:` reads it; a --configfile was already read by Snakemake, so its syntax errors
 # are Snakemake's (run `specstudy check-config <file>` first), and this re-read catches what it drops silently.
@@ -7,7 +7,7 @@ import sys
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
-from specstudy.studyyaml import StudyYamlError as _StudyYamlError, load_study_files as _load_study_files  # noqa: E402
+from specstudy.core.studyyaml import StudyYamlError as _StudyYamlError, load_study_files as _load_study_files  # noqa: E402
 
 # Snakemake's `configfile:` path is relative to the working directory; when it is absent there, the
 # directive itself stops with the full path it checked.

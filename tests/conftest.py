@@ -19,7 +19,7 @@ CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))
 
 def _source_key() -> str:
     h = hashlib.sha256()
-    h.update((ROOT / "scripts" / "specstudy" / "fixture_models.py").read_bytes())
+    h.update((ROOT / "scripts" / "specstudy" / "inputs" / "fixture_models.py").read_bytes())
     for p in sorted((ROOT / "corpora" / "data").rglob("*")):
         if p.is_file():
             h.update(p.name.encode())
@@ -45,7 +45,7 @@ def test_cache() -> Path:
 @pytest.fixture(scope="session")
 def fixture_models() -> dict:
     """Quick-trained tiny target + draft (shared tokenizer), cached across test runs by source hash."""
-    from specstudy import fixture_models as fm
+    from specstudy.inputs import fixture_models as fm
 
     out = CACHE / f"fixture-models-quick-{_source_key()}"
     if not (out / "models.json").exists():

@@ -1,4 +1,4 @@
-"""specstudy.arctic_build: arctic-inference 0.1.1 built into a --target directory, cached, locked, or a clear error.
+"""specstudy.inputs.arctic_build: arctic-inference 0.1.1 built into a --target directory, cached, locked, or a clear error.
 
 The real build (minutes) runs once per cache key through ``tests/test_methods.py``'s ``arctic_env`` fixture;
 here: the cache key and marker, the errors a machine without cmake / a compiler / the sdist gets (real
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import arctic_build, atomic, cli
-from specstudy.arctic_build import ArcticBuildError
+from specstudy import cli
+from specstudy.core import atomic
+from specstudy.inputs import arctic_build
+from specstudy.inputs.arctic_build import ArcticBuildError
 
 ROOT = Path(__file__).resolve().parents[1]
 

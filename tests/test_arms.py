@@ -1,4 +1,4 @@
-"""Tests for specstudy.arms: one naming and parsing of arms."""
+"""Tests for specstudy.core.arms: one naming and parsing of arms."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from specstudy import plan
-from specstudy.arms import ARM_PATTERN, ARM_RE, arm_from_upstream_model, arm_name, is_arm_name, parse_arm
+from specstudy.core.arms import ARM_PATTERN, ARM_RE, arm_from_upstream_model, arm_name, is_arm_name, parse_arm
+from specstudy.study import plan
 
 NAMES = ["baseline", "draft-k1-tp1", "draft-k3-tp4", "draft-k12-tp2", "ngram-k3", "ngram-k10",
          "ngram_gpu-k3", "suffix-k8", "eagle-k3", "eagle3-k2"]

@@ -167,7 +167,7 @@ def _select_cmd(d: Path, summaries: list[Path], lock: Path) -> list[str]:
 
 def _lock(d: Path) -> Path:
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy.plan import prereg_lock
+    from specstudy.study.plan import prereg_lock
 
     p = d / "prereg-lock.json"
     p.write_text(json.dumps(prereg_lock(path=ROOT / "tests/data/preregistration-small.yaml")))
@@ -308,7 +308,7 @@ def _sm_spec_missing_name(w: Path) -> list[str]:
 
 def _sm_prereg_edited(w: Path) -> list[str]:
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy.plan import prereg_lock
+    from specstudy.study.plan import prereg_lock
 
     lock = prereg_lock(path=w / "config/preregistration.yaml")
     lock["preregistration"] = "config/preregistration.yaml"

@@ -213,11 +213,11 @@ _TASKS = (ROOT / "corpora/data/code/tasks.jsonl").read_bytes()
 
 
 def _cell_summary(arm: str = "baseline", rep: int = 1, workload: str = "code", conc: int = 1) -> dict:
-    """A sealed summary as a deployment job writes it (specstudy.cell.failed_summary, made valid)."""
+    """A sealed summary as a deployment job writes it (specstudy.measure.cell.failed_summary, made valid)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy.arms import parse_arm
-    from specstudy.cell import failed_summary
-    from specstudy.integrity import seal
+    from specstudy.core.arms import parse_arm
+    from specstudy.core.integrity import seal
+    from specstudy.measure.cell import failed_summary
 
     spec = parse_arm(arm)
     keys = {"phase": "screen", "arm": arm, "method": spec["method"],
@@ -250,7 +250,7 @@ def _json_file(path: Path, obj, text: str | None = None) -> Path:
 def _edited(res: Path, s: dict, edit: Callable[[dict], object], reseal: bool = False) -> None:
     edit(s)
     if reseal:
-        from specstudy.integrity import digest
+        from specstudy.core.integrity import digest
 
         s["integrity"]["sha256"] = digest(s)
     _json_file(res / "screen/baseline/rep1/code/c1/summary.json", s)

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from specstudy import atomic, capacity, schemas
+from specstudy.core import atomic, schemas
+from specstudy.measure import capacity
 
 sys.path.insert(0, os.path.dirname(__file__))
 import capacity_fake_server as fake  # noqa: E402

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import capacity_criteria as cc
-from specstudy.config import ConfigError, load_config
-from specstudy.prereg import load_prereg
+from specstudy.analysis import capacity_criteria as cc
+from specstudy.study.config import ConfigError, load_config
+from specstudy.study.prereg import load_prereg
 
 ROOT = Path(__file__).resolve().parents[1]
 CRIT = {"min_knee_ratio": 0.9, "matched_load_fraction": 0.8, "max_ttft_p95_ratio": 1.2, "max_tpot_p95_ratio": 1.2,
@@ -95,7 +95,9 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
     import os
     import sys
 
-    from specstudy import atomic, capacity, report
+    from specstudy.core import atomic
+    from specstudy.measure import capacity
+    from specstudy.report import document as report
 
     sys.path.insert(0, os.path.dirname(__file__))
     from test_capacity import GATES, SEARCH, synthetic

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom
 
-from specstudy import capacity, prom
+from specstudy.measure import capacity, prom
 
 sys.path.insert(0, os.path.dirname(__file__))
 import capacity_fake_server as fake  # noqa: E402
@@ -177,7 +177,7 @@ def test_lateness_counts_the_measured_window_only():
     j = capacity.judge(step, gates)
     assert j["gates"]["client_lateness"] == "fail" and j["verdict"] == "client_limited"
     assert j["lateness"]["late"] == 25
-    from specstudy import schemas
+    from specstudy.core import schemas
 
     schemas.validate(capacity.step_row(step, j, index=0, phase="bracket", arm="a"), "capacity-step", "<row>")
 

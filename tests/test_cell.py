@@ -1,4 +1,4 @@
-"""Tests for specstudy.cell: summary definitions, validity reasons, run_cell artifacts."""
+"""Tests for specstudy.measure.cell: summary definitions, validity reasons, run_cell artifacts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from specstudy import atomic, cell, schemas
+from specstudy.core import atomic, schemas
+from specstudy.measure import cell
 from test_prom import _Handler, vllm_text
 
 KEYS = {
@@ -236,7 +237,7 @@ class FakeResult:
 
 
 def fake_loadgen(monkeypatch, calls):
-    mod = types.ModuleType("specstudy.loadgen")
+    mod = types.ModuleType("specstudy.measure.loadgen")
 
     def run_closed_loop(base_url, model, requests, concurrency, **kw):
         calls.append((len(requests), concurrency, kw))
@@ -244,7 +245,7 @@ def fake_loadgen(monkeypatch, calls):
         return FakeResult(rows, {"limited": False, "limited_reasons": []})
 
     mod.run_closed_loop = run_closed_loop
-    monkeypatch.setitem(sys.modules, "specstudy.loadgen", mod)
+    monkeypatch.setitem(sys.modules, "specstudy.measure.loadgen", mod)
     import specstudy
 
     monkeypatch.setattr(specstudy, "loadgen", mod, raising=False)

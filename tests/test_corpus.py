@@ -1,4 +1,4 @@
-"""Tests for specstudy.corpus: importers, determinism, digest sensitivity, bad input, token stats."""
+"""Tests for specstudy.inputs.corpus: importers, determinism, digest sensitivity, bad input, token stats."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import corpus
-from specstudy.corpus import CorpusError, CorpusMismatchError
+from specstudy.inputs import corpus
+from specstudy.inputs.corpus import CorpusError, CorpusMismatchError
 
 REPO = Path(__file__).resolve().parents[1]
 

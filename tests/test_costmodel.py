@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import costmodel, report, tables
+from specstudy.analysis import tables
 from specstudy.deployment import launchlog
+from specstudy.report import document as report
+from specstudy.report.document import costmodel
 
 GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
 SCALE = GPU / "cuda-logs" / "scale-model-8b"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import schemas
+from specstudy.core import schemas
 from specstudy.deployment import launchlog
 
 CUDA = Path(__file__).parent / "fixtures" / "launch-logs" / "cuda"

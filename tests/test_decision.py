@@ -8,9 +8,9 @@ import math
 import pytest
 import yaml
 
-from specstudy import decision, intervals
-from specstudy.config import ConfigError
-from specstudy.prereg import load_prereg
+from specstudy.inference import decision, intervals
+from specstudy.study.config import ConfigError
+from specstudy.study.prereg import load_prereg
 
 PREREG = {"version": 1,
           "selection": {"metric": "tpot_p50", "retain_within": 0.05},

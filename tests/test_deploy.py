@@ -1,5 +1,5 @@
 """Tests for specstudy.deployment: command, backends, readiness, stop, confounds, provenance, failures, and the
-deployment job (specstudy.deployment_run.run_deployment) on a fake server."""
+deployment job (specstudy.job.run.run_deployment) on a fake server."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy import atomic, config, corpus, deployment, prom, schemas
+from specstudy import deployment
+from specstudy.core import atomic, schemas
 from specstudy.deployment import command, launchlog, provenance, readiness, records, redaction
 from specstudy.deployment import launch as server_launch
-from specstudy.deployment_run import run_deployment
+from specstudy.inputs import corpus
+from specstudy.job.run import run_deployment
+from specstudy.measure import prom
+from specstudy.study import config
 
 LOGS = Path(__file__).parent / "fixtures" / "launch-logs"
 
@@ -467,7 +471,7 @@ def job_spec(tmp_path: Path, arm: dict, engine: dict, cells=({"workload": "code"
 
 def fake_captures(monkeypatch, during=None):
     """Smoke captures replaced (the fake server's chat completion is no greedy text); ``during`` runs in them."""
-    from specstudy import gate
+    from specstudy.analysis import gate
 
     def capture(url, served, prompts, path, **k):
         if during is not None:
@@ -500,7 +504,7 @@ def fake_engine_section(tmp_path: Path, python: str, **server) -> dict:
 
 def test_job_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python, monkeypatch):
     """The deployment job on the fake server: ready, telemetry sampled during a cell, stopped, every record written."""
-    from specstudy import cell as cellmod
+    from specstudy.measure import cell as cellmod
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FAKE_API_KEY", "very-secret-key-1")

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, corpus, prom
+from specstudy.core import atomic
 from specstudy.deployment import launch as server_launch
 from specstudy.deployment import provenance, readiness
-from specstudy.deployment.spec import engine_flat
-from specstudy.deployment_run import run_deployment
+from specstudy.inputs import corpus
+from specstudy.job.run import run_deployment
+from specstudy.job.spec import engine_flat
+from specstudy.measure import prom
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,8 +80,8 @@ class _FakeServer:
 
 def test_a_cell_that_raises_is_recorded_and_the_deployment_goes_on(tmp_path, spec, monkeypatch):
     """Review #16.7: a failing cell used to crash its deployment (no deployment.json, job exit non-zero)."""
-    from specstudy import cell as cellmod
-    from specstudy import gate
+    from specstudy.analysis import gate
+    from specstudy.measure import cell as cellmod
 
     spec["cells"].append(dict(spec["cells"][0], concurrency=2))
     monkeypatch.setattr(server_launch, "start_server", lambda *a, **k: (_FakeServer(), None))
@@ -113,7 +115,7 @@ def test_fingerprint_covers_every_setting_that_can_change_a_measurement(tmp_path
     client limits were left out, so a changed setting reused old 'valid' cells."""
     import copy
 
-    from specstudy.deployment import spec as dr
+    from specstudy.job import spec as dr
 
     versions = {"vllm": "0.32.0"}
     monkeypatch.setattr(provenance, "server_software", lambda py: {"python": "3.12", **versions})
@@ -163,10 +165,10 @@ def test_fingerprint_covers_every_setting_that_can_change_a_measurement(tmp_path
 
 def test_the_job_spec_comes_from_the_plan_and_the_config(monkeypatch):
     """`specstudy deployment run --plan … --deployment <phase>/<arm>/<rep>`: what runs is the plan's, how the config's."""
-    from specstudy import plan as planmod
-    from specstudy.config import load_config
-    from specstudy.deployment.spec import corpus_dirs, deployment_spec
-    from specstudy.errors import UserError
+    from specstudy.core.errors import UserError
+    from specstudy.job.spec import corpus_dirs, deployment_spec
+    from specstudy.study import plan as planmod
+    from specstudy.study.config import load_config
 
     monkeypatch.chdir(ROOT)
     cfg = load_config("config/config.yaml")

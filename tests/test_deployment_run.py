@@ -13,8 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy import atomic, corpus, prom, schemas, telemetry
-from specstudy.deployment_run import run_deployment
+from specstudy.core import atomic, schemas
+from specstudy.inputs import corpus
+from specstudy.job.run import run_deployment
+from specstudy.measure import prom, telemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.vllm

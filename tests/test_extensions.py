@@ -18,12 +18,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import extensions, plan, schemas  # noqa: E402
-from specstudy.config import ConfigError, load_config  # noqa: E402
-from specstudy.deployment.spec import deployment_spec  # noqa: E402
-from specstudy.deployment_run import WARMUP_SEED_OFFSET, _request_specs  # noqa: E402
-from specstudy.loadgen import _payload  # noqa: E402
-from specstudy.prereg import load_prereg  # noqa: E402
+from specstudy.core import schemas  # noqa: E402
+from specstudy.job.run import WARMUP_SEED_OFFSET, _request_specs  # noqa: E402
+from specstudy.job.spec import deployment_spec  # noqa: E402
+from specstudy.measure.loadgen import _payload  # noqa: E402
+from specstudy.study import extensions, plan  # noqa: E402
+from specstudy.study.config import ConfigError, load_config  # noqa: E402
+from specstudy.study.prereg import load_prereg  # noqa: E402
 
 ARMS = ["baseline", "draft-k2-tp1", "ngram-k4"]
 
@@ -203,7 +204,8 @@ def test_a_study_without_the_phase_says_how_to_declare_it(workdir):
 def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path, cfg, prereg):
     """extension_cli reads what ran from the plan and the records: a missing record, a failed deployment and
     an ok one whose artifact is gone are each listed with why, never dropped silently."""
-    from specstudy import atomic, extension_cli
+    from specstudy.core import atomic
+    from specstudy.phases import extension_cli
 
     p = plan.make_plan(cfg, "profile", ARMS, prereg)
     atomic.write_json(tmp_path / "plan" / "profile.json", p)
@@ -228,7 +230,7 @@ def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path
 def test_a_phase_section_joins_the_report_under_extensions(tmp_path):
     """extensions.report: a phase's own section is appended under 'Extensions', one heading level down, and
     its Markdown tables become HTML tables in report.html."""
-    from specstudy import report
+    from specstudy.report import document as report
 
     section = tmp_path / "section.md"
     section.write_text("## Memory capacity\n\n| arm | L=256 |\n|---|---|\n| baseline | 5 |\n\n### detail\n\ntext <b>x</b>\n")

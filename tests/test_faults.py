@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy import atomic
+from specstudy.core import atomic
 from test_deploy import fake_python as fake_python  # noqa: F401  (fixture)
 from test_workflow_dag import ROOT, _files, fake_screening, job_counts, sm
 from test_workflow_dag import screened as screened  # noqa: F401  (fixture)
@@ -63,7 +63,7 @@ def test_select_refuses_an_edited_preregistration_naming_the_field(workdir, monk
     fake_screening(workdir)
     _edit_prereg(workdir)
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy.select import SelectionError, run_selection
+    from specstudy.analysis.select import SelectionError, run_selection
 
     monkeypatch.chdir(workdir)
     with pytest.raises(SelectionError, match=r"confirmation\.concurrency: \[1, 4, 8\] -> \[1, 4, 16\]"):
@@ -155,7 +155,8 @@ def _capacity_files(d: Path) -> dict[str, bytes]:
 
 
 def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeypatch):
-    from specstudy import capacity, deployment_run
+    from specstudy.job import run as deployment_run
+    from specstudy.measure import capacity
 
     out = tmp_path / "results" / "capacity" / "baseline"
 
@@ -177,7 +178,7 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
         return run
 
     spec = {"capacity": {"gates": {}, "search": {}}, "capacity_corpus_dir": str(tmp_path), "arm": {"name": "baseline"}}
-    monkeypatch.setattr("specstudy.corpus.load_prompts", lambda d: [])
+    monkeypatch.setattr("specstudy.inputs.corpus.load_prompts", lambda d: [])
 
     class Srv:
         base_url = "http://x"
@@ -216,7 +217,7 @@ def test_interrupted_capacity_search_keeps_the_previous_result(tmp_path, monkeyp
 def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alone(screened):
     """Re-measuring one confirmation cell re-runs its deployment; the capacity search does not re-run."""
     workdir = screened
-    from specstudy.config import load_config
+    from specstudy.study.config import load_config
     from test_workflow_dag import CLEAR, _fake_confirm_rounds, json_writer
 
     cfg = load_config(workdir / "config" / "config.yaml")
@@ -261,7 +262,7 @@ def test_reused_cells_keep_their_time_and_confirmation_rerun_leaves_capacity_alo
 def _signal_mid_cell(monkeypatch, event: threading.Event, want_concurrency: int = 2, want_requests: int = 16) -> None:
     """Set ``event`` when the measured run of the cell at ``concurrency`` has finished its first request (the
     load generator's own per-request callback: a handshake, not a guess at how long warm-up takes)."""
-    from specstudy import loadgen
+    from specstudy.measure import loadgen
 
     real = loadgen.run_closed_loop
 
@@ -293,7 +294,7 @@ def _group_alive(pgid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, fixture_models):
-    from specstudy import corpus
+    from specstudy.inputs import corpus
 
     root = tmp_path_factory.mktemp("corpora")
     return {n: str(corpus.build(ROOT / "corpora" / "embedded" / f"{n}.yaml", root, fixture_models["target"]))
@@ -311,7 +312,7 @@ def _vllm_spec(fixture_models, built, cells, **server):
 @pytest.mark.vllm
 def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_models, built, vllm_available, monkeypatch):
     from specstudy.deployment import launch as server_launch
-    from specstudy.deployment_run import run_deployment
+    from specstudy.job.run import run_deployment
 
     monkeypatch.chdir(tmp_path)
     cells = [{"workload": "code", "concurrency": 1}, {"workload": "code", "concurrency": 2},
@@ -369,9 +370,9 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
     """The job hangs (no request reaches the server): the idle watchdog stops the server and the job records
     the failure. Only the stop matters here, so the server is the fake (``FAKE_RUNNING=0``: its /metrics shows
     nothing running, as an idle vLLM's does)."""
-    from specstudy import cell as cellmod
     from specstudy.deployment import launch as server_launch
-    from specstudy.deployment_run import run_deployment
+    from specstudy.job.run import run_deployment
+    from specstudy.measure import cell as cellmod
     from test_deploy import BASELINE, fake_captures, fake_engine_section, job_spec
 
     monkeypatch.chdir(tmp_path)
@@ -409,7 +410,7 @@ import json, sys, threading
 sys.path.insert(0, sys.argv[1])
 from specstudy import loadgen
 from specstudy.deployment import launch
-from specstudy.deployment_run import run_deployment
+from specstudy.job.run import run_deployment
 
 real_start, real_run = launch.start_server, loadgen.run_closed_loop
 said = threading.Event()
@@ -534,8 +535,8 @@ def test_the_deploy_command_example_in_the_docs_runs_as_written():
 def test_reused_cells_are_published_with_their_original_time(tmp_path, monkeypatch):
     """A deployment that reuses valid cells republishes them unchanged, keeping their time (nothing
     downstream of an unchanged cell looks out of date)."""
-    from specstudy import deployment_run
-    from specstudy.deployment.spec import fingerprint
+    from specstudy.job import run as deployment_run
+    from specstudy.job.spec import fingerprint
 
     monkeypatch.chdir(tmp_path)
     corpus_dir = tmp_path / "corpora" / "code"

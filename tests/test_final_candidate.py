@@ -10,7 +10,9 @@ import math
 
 import pytest
 
-from specstudy import decision, schemas, select, stats
+from specstudy.analysis import select
+from specstudy.core import schemas
+from specstudy.inference import decision, stats
 
 WORKLOADS = ("chat", "code", "summ")
 

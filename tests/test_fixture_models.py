@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specstudy import fixture_models as fm
+from specstudy.inputs import fixture_models as fm
 
 
 def test_rebuild_from_same_seed_is_identical_and_draft_agrees(tmp_path, fixture_models):

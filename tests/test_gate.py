@@ -1,4 +1,4 @@
-"""Tests for specstudy.gate: metrics, controls, verdicts, CLI, and agreement with the upstream 70B study."""
+"""Tests for specstudy.analysis.gate: metrics, controls, verdicts, CLI, and agreement with the upstream 70B study."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import gate, schemas
+from specstudy.analysis import gate
+from specstudy.core import schemas
 
 # The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
 UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
@@ -271,7 +272,7 @@ def test_gate_compares_like_with_like_and_states_the_control_size(tmp_path):
     assert g["control"]["n_pairs"] == 3 and g["control"]["n_deployments"] == 3
     assert g["control"]["pairing"] == "all_pairs"
     assert g["treatment"]["worst_case"]["exact_matches"] == 6 and g["verdict"] == "pass"
-    from specstudy import tables
+    from specstudy.analysis import tables
 
     row = tables.gate_row(g, "confirm", "draft-k3-tp1")
     assert (row["treatment_pairs"], row["control_pairs"], row["control_deployments"]) == (3, 3, 3)
@@ -321,7 +322,7 @@ def test_token_level_metrics_with_tiny_tokenizer(tmp_path):
 
 
 def test_capture_greedy_uses_closed_loop_concurrency_1(tmp_path, monkeypatch):
-    from specstudy import loadgen
+    from specstudy.measure import loadgen
 
     calls = {}
 

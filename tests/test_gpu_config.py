@@ -17,8 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy.config import ConfigError, check_config, load_config  # noqa: E402
-from specstudy.deployment_run import request_counts  # noqa: E402
+from specstudy.job.run import request_counts  # noqa: E402
+from specstudy.study.config import ConfigError, check_config, load_config  # noqa: E402
 
 GPU_CONFIG = ROOT / "config" / "gpu-h200.yaml"
 
@@ -50,7 +50,7 @@ def test_bad_request_mapping_is_refused_with_the_field_named(bad):
 
 
 def test_fingerprint_changes_with_the_request_count_of_the_level():
-    from specstudy.deployment.spec import fingerprint as _fingerprint
+    from specstudy.job.spec import fingerprint as _fingerprint
 
     cfg = load_config(str(GPU_CONFIG))
     spec = {"arm": {"name": "baseline", "method": "baseline"}, "cell_settings": dict(cfg["cells"]),
@@ -87,8 +87,8 @@ GPU_X4 = ROOT / "config" / "gpu-h200x4.yaml"
 
 
 def test_x4_config_runs_target_tp4_and_attempts_draft_tp1_and_tp4():
-    from specstudy import plan as planmod
-    from specstudy.fixture_models import DRAFT_PRESETS, TARGET
+    from specstudy.inputs.fixture_models import DRAFT_PRESETS, TARGET
+    from specstudy.study import plan as planmod
 
     cfg = load_config(str(GPU_X4))
     assert cfg["engine"]["target"]["tensor_parallel_size"] == 4
@@ -106,7 +106,7 @@ def test_x4_config_runs_target_tp4_and_attempts_draft_tp1_and_tp4():
 
 def test_x4_launch_command_carries_tp4_and_the_draft_tp():
     from specstudy.deployment import command
-    from specstudy.deployment.spec import engine_flat
+    from specstudy.job.spec import engine_flat
 
     cfg = load_config(str(GPU_X4))
     eng = engine_flat(cfg["engine"])

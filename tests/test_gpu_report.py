@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import report, tables, telemetry
+from specstudy.analysis import tables
 from specstudy.deployment import launchlog
+from specstudy.measure import telemetry
+from specstudy.report import document as report
 from test_nvml import fake_pynvml
 from test_tables import make_results_tree
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import fixture_models as fm
-from specstudy import heldout
-from specstudy.errors import UserError
+from specstudy.core.errors import UserError
+from specstudy.inputs import fixture_models as fm
+from specstudy.inputs import heldout
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = ROOT / "corpora" / "heldout" / "prompts.jsonl"
@@ -112,7 +112,7 @@ def test_one_pass_shortcut_equals_an_explicit_speculative_loop(fixture_models):
 
 def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
     (tmp_path / "w").mkdir()
-    work = tmp_path / "w" / "prompts.jsonl"  # a built corpus's prompt file (specstudy.corpus.load_prompts)
+    work = tmp_path / "w" / "prompts.jsonl"  # a built corpus's prompt file (specstudy.inputs.corpus.load_prompts)
     rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()]
     # "workload" prompts in the corpus format (prompt_id), taken from the training text itself
     train_rows = [json.loads(line) for line in (ROOT / "corpora/data/code/tasks.jsonl").read_text().splitlines()[:3]]
@@ -142,12 +142,13 @@ def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
 
 
 def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
-    from specstudy import report, tables
+    from specstudy.analysis import tables
+    from specstudy.report import document as report
     from test_tables import make_results_tree
 
     res = make_results_tree(tmp_path)
     tables.build_tables(res, res / "tables")
-    from specstudy import stats
+    from specstudy.inference import stats
 
     cells = stats._records(tables.read_tables(res / "tables")["cells"])
     measured = report.measured_acceptance(cells, 3)

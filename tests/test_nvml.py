@@ -9,8 +9,9 @@ import types
 
 import pytest
 
-from specstudy import atomic, schemas, telemetry
+from specstudy.core import atomic, schemas
 from specstudy.deployment import provenance
+from specstudy.measure import telemetry
 
 MIB = 2**20
 
@@ -228,8 +229,8 @@ def test_real_cuda_launch_is_parsed(fixture_models, tmp_path, monkeypatch):
               "stop_grace_s": 20, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"},
               "cache_root": str(tmp_path / "vllm-cache")}
     arm = {"name": "draft-k2-tp1", "method": "draft_model", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}
-    from specstudy import cell as cellmod
-    from specstudy.deployment_run import run_deployment
+    from specstudy.job.run import run_deployment
+    from specstudy.measure import cell as cellmod
     from test_deploy import fake_captures, job_spec
 
     monkeypatch.chdir(tmp_path)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specstudy import decision
+from specstudy.inference import decision
 
 PREREG = {"confirmation": {"repeats": 3, "stopping": {"max_repeats": 10, "correction": "obrien_fleming"},
                            "decision": {"min_gain": 0.0, "max_regression": 0.05, "confidence": 0.95}}}
@@ -41,7 +41,7 @@ def test_the_rule_uses_the_confidence_of_the_look_it_is_at():
 
 
 def _comps(per_w: dict[str, list[float]]):
-    from specstudy import intervals
+    from specstudy.inference import intervals
 
     out = []
     for w, vals in per_w.items():
@@ -55,8 +55,8 @@ def test_the_chosen_design_enables_a_gain_with_one_neutral_workload_and_not_a_5p
     """The cluster study's pre-registered design (config/preregistration-clariden-70b.yaml) on constructed data."""
     from pathlib import Path
 
-    from specstudy.config import load_config
-    from specstudy.prereg import load_prereg
+    from specstudy.study.config import load_config
+    from specstudy.study.prereg import load_prereg
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "config" / "clariden-70b.yaml")

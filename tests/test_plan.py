@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import plan
-from specstudy.config import ConfigError, check_config
+from specstudy.study import plan
+from specstudy.study.config import ConfigError, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

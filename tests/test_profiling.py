@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, profiling
 from specstudy.cli import main as cli_main
+from specstudy.core import atomic
+from specstudy.core.errors import UserError
 from specstudy.deployment import launch, readiness
-from specstudy.errors import UserError
+from specstudy.phases import profiling
 
 SERVER_LOCK = "/tmp/specstudy-vllm.lock"
 

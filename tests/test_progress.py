@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, cost, duty, schemas
-from specstudy.config import load_config
-from specstudy.progress import Progress
+from specstudy.core import atomic, schemas
+from specstudy.measure.progress import Progress
+from specstudy.study import cost, duty
+from specstudy.study.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-INTERVAL_S = 5.0  # the default heartbeat of specstudy.progress
+INTERVAL_S = 5.0  # the default heartbeat of specstudy.measure.progress
 
 
 class Clock:
@@ -167,7 +168,7 @@ def test_cost_preview_of_both_studies(tmp_path, config, profile):
     cfg = load_config(ROOT / config)
     pv = cost.preview(cfg, ROOT / profile, tmp_path / "no-results")
     screen = next(r for r in pv["phases"] if r["phase"] == "screen")
-    from specstudy import plan
+    from specstudy.study import plan
 
     sp = plan.make_plan(cfg, "screen")
     assert screen["deployments"] == len(sp["deployments"])
@@ -208,7 +209,7 @@ def test_progress_reaches_the_terminal_under_make_study(tmp_path):
 
     log = tmp_path / "job.log"
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
-            "from specstudy.progress import Progress\n"
+            "from specstudy.measure.progress import Progress\n"
             "p = Progress('screen-baseline-rep1', interval_s=0.2).start(); p.phase('launch'); time.sleep(0.5); p.close()\n")
     pid, fd = pty.fork()
     if pid == 0:  # child: its controlling terminal is the pty; stdout goes to the log, like a Snakemake job
@@ -246,7 +247,7 @@ def test_rich_live_status_on_a_terminal():
 
 
 def test_capacity_search_prints_each_step_and_soak_with_its_verdict(tmp_path, capsys):
-    from specstudy import capacity
+    from specstudy.measure import capacity
     from test_capacity import GATES, synthetic
 
     search = {"start_rate_rps": 2.0, "growth": 2.0, "resolution_frac": 0.2, "step_duration_s": 8, "warmup_s": 2,

@@ -1,4 +1,4 @@
-"""Tests for specstudy.prom: parsing, deltas, decreases, restarts, speculative definitions."""
+"""Tests for specstudy.measure.prom: parsing, deltas, decreases, restarts, speculative definitions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from specstudy import prom
+from specstudy.measure import prom
 
 MODEL = 'model_name="m"'
 

@@ -1,11 +1,13 @@
-"""Tests for specstudy.records: the one reader of record fields (KV capacity, typed records)."""
+"""Tests for specstudy.core.records: the one reader of record fields (KV capacity, typed records)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specstudy import capacity, records, select, tables
-from specstudy.records import kv_cache_tokens
+from specstudy.analysis import select, tables
+from specstudy.core import records
+from specstudy.core.records import kv_cache_tokens
+from specstudy.measure import capacity
 
 LOG = {"kv_cache": {"tokens": 12345, "available_memory_gib": 2.5}}
 
@@ -52,7 +54,8 @@ KEYS = {"phase": "screen", "arm": "draft-k3-tp1", "method": "draft_model", "num_
 
 
 def test_a_written_failed_cell_summary_reads_typed(tmp_path):
-    from specstudy import atomic, cell
+    from specstudy.core import atomic
+    from specstudy.measure import cell
 
     s = cell.failed_summary(KEYS, {"name": "mini", "version": 1, "digest": "x"}, "cell_error", "boom")
     cell.validate_summary(s)
@@ -129,7 +132,7 @@ def test_gate_record_rows(tmp_path):
 
 
 def test_selection_record(tmp_path):
-    from specstudy import report
+    from specstudy.report import document as report
 
     assert records.read_selection(tmp_path / "selection.json") is None
     sel = {"schema": "specstudy.selection/1", "rule": {}, "metric": "tpot_p50", "scores": {}, "per_workload": {},
@@ -153,7 +156,7 @@ def _same_json(typed, raw: bytes) -> None:
 
     import msgspec
 
-    from specstudy import atomic
+    from specstudy.core import atomic
 
     data = msgspec.to_builtins(typed)
     again = atomic.dumps_json(data) if raw.startswith(b"{\n") else json.dumps(data, sort_keys=True, allow_nan=False)
@@ -207,8 +210,9 @@ def test_capacity_records_read_back_as_written(tmp_path):
 
 def test_a_plan_reads_back_as_written(tmp_path, monkeypatch):
 
-    from specstudy import atomic, plan, schemas
-    from specstudy.config import load_config
+    from specstudy.core import atomic, schemas
+    from specstudy.study import plan
+    from specstudy.study.config import load_config
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)
@@ -264,8 +268,8 @@ def test_bad_capacity_and_plan_records_name_file_and_field(tmp_path):
     with pytest.raises(records.RecordError, match=r"<knee>: .*\$\.knee_rps"):
         capacity.compare_knees(dict(knee, knee_rps="high"), knee)
 
-    from specstudy import plan
-    from specstudy.config import load_config
+    from specstudy.study import plan
+    from specstudy.study.config import load_config
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     p = plan.make_plan(load_config(root / "config" / "config.yaml"), "screen")

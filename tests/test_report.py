@@ -1,11 +1,12 @@
-"""Smoke tests for specstudy.report: renders from a fake results tree and says what is missing."""
+"""Smoke tests for specstudy.report.document: renders from a fake results tree and says what is missing."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
-from specstudy import report, tables
+from specstudy.analysis import tables
+from specstudy.report import document as report
 from test_tables import EFFECTS, make_results_tree
 
 LAUNCH = ["vllm", "serve", "/models/apertus-70b", "--tensor-parallel-size", "4"]
@@ -25,7 +26,7 @@ def _prereg(tmp_path):
     """The embedded pre-registration with H2's low workload renamed to this tree's 'chat'."""
     import yaml
 
-    from specstudy.config import REPO_ROOT
+    from specstudy.study.config import REPO_ROOT
 
     prereg = yaml.safe_load((REPO_ROOT / "config" / "preregistration.yaml").read_text())
     next(h for h in prereg["hypotheses"] if h["id"] == "H2")["roles"]["low"] = "chat"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from browser import find_chromium, inspect_page
-from specstudy import report
+from specstudy.report import document as report
 from test_report import LAUNCH, _build
 
 

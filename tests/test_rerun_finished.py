@@ -26,7 +26,7 @@ from test_workflow_dag import CLEAR, ROOT, _corpus_dirs, fake_cell_summary, fake
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import atomic  # noqa: E402
+from specstudy.core import atomic  # noqa: E402
 
 SPEED = {"baseline": 10.0, "draft-k2-tp1": 7.0, "draft-k4-tp1": 7.5, "ngram-k2": 9.0, "ngram-k4": 9.5}
 SELECTION = "results/selection/selection.json"
@@ -39,8 +39,8 @@ def _env() -> dict:
 
 
 def _settings(wd: Path):
-    from specstudy.config import effective_config_files, load_config
-    from specstudy.deployment.spec import load_settings
+    from specstudy.job.spec import load_settings
+    from specstudy.study.config import effective_config_files, load_config
 
     cfg = load_config(wd / "config" / "config.yaml")
     dep_cfg = next(p for p in effective_config_files(cfg) if "deployment-" in p)
@@ -50,9 +50,9 @@ def _settings(wd: Path):
 def _fake_deployment(wd: Path, plan_path: str, key: str, settings: dict, lock_sha: str, speedup: float) -> None:
     """One deployment as the deployment job leaves it: its attempt (cells, record.json, smoke captures named)
     and the declared copies, every cell valid with the fingerprint the job computes for it."""
-    from specstudy import schemas
-    from specstudy.deployment.spec import deployment_spec, fingerprint, fingerprint_context
-    from specstudy.records import read_plan
+    from specstudy.core import schemas
+    from specstudy.core.records import read_plan
+    from specstudy.job.spec import deployment_spec, fingerprint, fingerprint_context
 
     spec = deployment_spec(read_plan(plan_path), key, settings)
     ctx = fingerprint_context(spec)
@@ -86,8 +86,8 @@ def _fake_deployment(wd: Path, plan_path: str, key: str, settings: dict, lock_sh
 
 
 def _build(wd: Path) -> None:
-    from specstudy import plan as planmod
-    from specstudy.records import read_plan
+    from specstudy.core.records import read_plan
+    from specstudy.study import plan as planmod
 
     cfg, _, write = fake_planned(wd)  # models, corpora, lock, the real screening plan (and os.chdir(wd))
     for d in _corpus_dirs(wd).values():  # the deployment job reads the smoke prompts before it decides to reuse
@@ -248,7 +248,7 @@ def test_reselect_archives_confirmation_with_the_selection(study):
 
 
 def test_select_refuses_a_selection_other_than_the_locked_one(study):
-    from specstudy.select import SelectionError, run_selection
+    from specstudy.analysis.select import SelectionError, run_selection
 
     cell = "results/screen/ngram-k4/rep1/code/c4/summary.json"
     sel = atomic.read_json(study / SELECTION)
@@ -300,7 +300,7 @@ def test_rerun_of_a_confirmation_cell(study):
 # ------------------------------------------------------------------ a capacity result
 
 def test_capacity_never_reruns_for_touched_rounds_or_records_and_an_unchanged_result_stays(study):
-    from specstudy import deployment_run
+    from specstudy.job import run as deployment_run
 
     later = time.time() + 10
     for f in [*(study / "results/confirm/rounds").glob("round*.json"), *(study / "results/confirm").glob("*/rep*/deployment.json")]:
@@ -326,7 +326,7 @@ def test_capacity_never_reruns_for_touched_rounds_or_records_and_an_unchanged_re
 def test_a_tree_whose_selection_was_rewritten_stops_cleanly_and_names_the_repair(study):
     """The state the issue ended in: the selection rewritten after confirmation was planned (same arms,
     new digest). Every run stops at parse with the file and the fix, never an InputFunctionException."""
-    from specstudy.select import selection_digest
+    from specstudy.analysis.select import selection_digest
 
     sel_path = study / SELECTION
     sel = json.loads(sel_path.read_text())
@@ -347,7 +347,7 @@ def test_a_tree_whose_selection_was_rewritten_stops_cleanly_and_names_the_repair
 
 
 def test_replace_if_changed_and_what_a_deployment_record_s_content_is(tmp_path):
-    from specstudy.content import same_deployment
+    from specstudy.core.content import same_deployment
 
     f = tmp_path / "x.json"
     assert atomic.write_json_if_changed(f, {"a": 1})

@@ -1,4 +1,4 @@
-"""Tests for specstudy.sampling: sampled captures, per-item statistics, the calibrated distribution judge.
+"""Tests for specstudy.phases.sampling: sampled captures, per-item statistics, the calibrated distribution judge.
 
 Captures are constructed: every (deployment, prompt, seed) output is drawn from a per-prompt word
 distribution with ``random.Random`` seeded by a string (deterministic across runs and hash seeds).
@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import config, prereg, records, sampling, schemas
-from specstudy.sampling import SamplingInputError
+from specstudy.core import records, schemas
+from specstudy.phases import sampling
+from specstudy.phases.sampling import SamplingInputError
+from specstudy.study import config, prereg
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [1000, 1001, 1002, 1003]

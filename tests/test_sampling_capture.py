@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import atomic, cell, cli, corpus, loadgen, records, sampling, sampling_phase, schemas
-from specstudy.sampling import SamplingInputError
+from specstudy import cli
+from specstudy.core import atomic, records, schemas
+from specstudy.inputs import corpus
+from specstudy.measure import cell, loadgen
+from specstudy.phases import sampling, sampling_phase
+from specstudy.phases.sampling import SamplingInputError
 from test_sampling import baselines, capture, settings
 
 ROOT = Path(__file__).resolve().parents[1]

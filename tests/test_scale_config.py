@@ -12,8 +12,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from specstudy import checkconfig  # noqa: E402
-from specstudy.config import ConfigError, check_config, load_config  # noqa: E402
+from specstudy.study import checkconfig  # noqa: E402
+from specstudy.study.config import ConfigError, check_config, load_config  # noqa: E402
 
 SCALE_CONFIG = ROOT / "config" / "gpu-h200-scale.yaml"
 

@@ -10,8 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specstudy import cell, jit, prereg, report, schemas, tables
+from specstudy.analysis import jit, tables
+from specstudy.core import schemas
 from specstudy.deployment import launchlog
+from specstudy.measure import cell
+from specstudy.report import document as report
+from specstudy.study import prereg
 from test_cell import four_rows, summ
 
 # The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
@@ -138,7 +142,7 @@ def test_reject_invalidates_the_cell_and_a_clean_window_is_untouched():
 
 
 def test_consequence_is_pre_registered(tmp_path):
-    from specstudy import config
+    from specstudy.study import config
 
     assert jit.consequence_of(None) == "flag" and jit.consequence_of({"confounds": {}}) == "flag"
     assert jit.consequence_of({"confounds": {"jit_in_window": "reject"}}) == "reject"
@@ -153,7 +157,7 @@ def test_consequence_is_pre_registered(tmp_path):
 
 def test_deployment_job_marks_a_cell_from_its_own_launch_log(tmp_path):
     """The deployment job's hook: the attempt's live launch.log, its clock aligned as the start-up phases do."""
-    from specstudy import deployment_run
+    from specstudy.job import run as deployment_run
 
     attempt = tmp_path / "attempt"
     attempt.mkdir()
@@ -190,7 +194,7 @@ def test_report_lists_the_marked_cells_with_their_consequence():
 
 
 def test_deployment_job_says_when_the_log_clock_cannot_be_aligned(tmp_path):
-    from specstudy import deployment_run
+    from specstudy.job import run as deployment_run
 
     attempt = tmp_path / "attempt"
     attempt.mkdir()

@@ -1,7 +1,7 @@
 """envs/gpu/lease.sh's prebuild (issue 27): the fixture models, then the scale model the config asks for,
 both before `start` runs the study. A fake `python3` stands in for the two builds (they are tested in
 test_fixture_models.py / test_scale_model.py); whether the config asks for a scale model is answered by
-the real specstudy.scale_model.wanted."""
+the real specstudy.inputs.scale_model.wanted."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from specstudy import cli
-from specstudy import fixture_models as fm
-from specstudy import scale_model as sm
+from specstudy.inputs import fixture_models as fm
+from specstudy.inputs import scale_model as sm
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "corpora" / "data" / "smoke" / "smoke.jsonl"  # the smoke prompts (id + messages rows)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import select
-from specstudy.atomic import write_json
+from specstudy.analysis import select
+from specstudy.core.atomic import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PREREG = {"version": 1, "selection": {"metric": "tpot_p50", "retain_within": 0.05,
@@ -94,7 +94,7 @@ def study(tmp_path, monkeypatch):
     cfg["study"]["preregistration"] = str(prereg)
     cfgf = tmp_path / "config.json"
     cfgf.write_text(json.dumps(cfg))
-    from specstudy.plan import prereg_lock
+    from specstudy.study.plan import prereg_lock
 
     write_json("results/screen/prereg-lock.json", prereg_lock(cfg))
     paths = []
@@ -157,8 +157,8 @@ def test_select_respects_the_screening_gates():
 
 def test_a_hand_edited_selection_is_never_consumed(study):
     """Review #16.5: confirmation trusted selection.json without checking it."""
-    from specstudy import atomic
-    from specstudy.deployment_run import run_deployment
+    from specstudy.core import atomic
+    from specstudy.job.run import run_deployment
 
     out = "results/selection/selection.json"
     select.run_selection(study["cfg"], "results/screen/prereg-lock.json", study["summaries"], [], out)

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import config, deployment_run, schemas
+from specstudy.core import schemas
 from specstudy.deployment import command, provenance
 from specstudy.deployment import launch as server_launch
-from specstudy.deployment.spec import engine_flat
+from specstudy.job import run as deployment_run
+from specstudy.job.spec import engine_flat
+from specstudy.study import config
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROBE = ["NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "VLLM_CACHE_ROOT", "KEEP_ME"]
@@ -144,8 +146,8 @@ ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 
 
 def test_deployment_record_carries_startup_phases_tp_and_cache_state(tmp_path, monkeypatch):
-    from specstudy import cell as cellmod
-    from specstudy.deployment_run import run_deployment
+    from specstudy.job.run import run_deployment
+    from specstudy.measure import cell as cellmod
     from test_deploy import fake_captures, job_spec
 
     monkeypatch.chdir(tmp_path)
@@ -186,7 +188,7 @@ def test_deployment_record_carries_startup_phases_tp_and_cache_state(tmp_path, m
 
 
 def test_cell_keys_carry_the_targets_tp():
-    from specstudy import cell
+    from specstudy.measure import cell
 
     keys = {"phase": "screen", "arm": "draft-k3-tp4", "method": "draft_model", "num_speculative_tokens": 3,
             "draft_tensor_parallel_size": 4, "tensor_parallel_size": 4, "rep": 0, "workload": "open_chat",

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specstudy import decision, simulate
+from specstudy.inference import decision, simulate
 
 PREREG = {"confirmation": {"concurrency": [1, 8], "repeats": 3,
                            "stopping": {"max_repeats": 5, "correction": "bonferroni"},

@@ -3,7 +3,7 @@ with its caption (report/*.rst, rules/report.smk), and the plot captions agree w
 
 The workflow is a copy (tests/test_workflow_dag.py's ``workdir``); screening is faked there, the
 selection runs for real, the confirmation outputs are faked the same way and the report files are
-built by specstudy.report from the constructed results tree of tests/test_report.py. Nothing is left
+built by specstudy.report.document from the constructed results tree of tests/test_report.py. Nothing is left
 for Snakemake to run, so ``--report`` only collects what the rules flag with ``report()``.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import jinja2
 
-from specstudy import report
-from specstudy.plots import PLOT_CAPTIONS, plot_caption
+from specstudy.report import document as report
+from specstudy.report.plots import PLOT_CAPTIONS, plot_caption
 from test_report import LAUNCH, _build
 from test_workflow_dag import ROOT, fake_screening, sm, workdir  # noqa: F401  (fixture)
 

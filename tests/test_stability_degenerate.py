@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from specstudy import decision, intervals
+from specstudy.inference import decision, intervals
 
 RULE = decision.rule_from(None, None)  # fixed design, one look at 95 %, margins g = 0.05, d = 0.02
 GATES = {"ngram-k4": {"arm": "ngram-k4", "verdict": "pass"}}

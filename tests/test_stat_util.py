@@ -1,4 +1,4 @@
-"""Tests for specstudy.stat_util: the one percentile function."""
+"""Tests for specstudy.core.stat_util: the one percentile function."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from specstudy.stat_util import percentile
+from specstudy.core.stat_util import percentile
 
 
 def test_linear_equals_numpy_to_the_last_bit():

@@ -1,4 +1,4 @@
-"""Tests for specstudy.stats and specstudy.intervals: hand-computed statistics, coverage, pairing, drift,
+"""Tests for specstudy.inference.stats and specstudy.inference.intervals: hand-computed statistics, coverage, pairing, drift,
 recommendation and its vLLM patch (specstudy.deployment.command)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstudy import decision, intervals, simulate, stats
 from specstudy.deployment import command
+from specstudy.inference import decision, intervals, simulate, stats
 
 T_975_DF1 = 12.706204736174698
 T_975_DF2 = 4.302652729749464
@@ -184,7 +184,7 @@ def test_a_screening_gate_never_stands_in_for_the_confirmation_gate():
     assert rec["candidates"][0]["blockers"][0] == "no confirm gate verdict (the screen gate does not stand in for it)"
     assert "never stands in" in rec["gate_rule"] and "confirm phase" in rec["gate_rule"]
     # the final candidate applies the same rule: a screening pass does not make an arm eligible
-    from specstudy.select import final_candidate
+    from specstudy.analysis.select import final_candidate
 
     summ = [{"keys": {"arm": a, "workload": "code", "concurrency": 1}, "validity": {"valid": True},
              "tokens": {"output_tokens_per_second": v}} for a, v in (("baseline", 100.0), ("draft-k3-tp4", 130.0))]
@@ -255,8 +255,8 @@ def test_h2_is_evaluated_from_the_preregistration_of_both_studies(tmp_path):
     pre-registration's hypotheses list was read by nothing: H2 could never be tested."""
     import yaml
 
-    from specstudy.config import load_config
-    from specstudy.prereg import load_prereg
+    from specstudy.study.config import load_config
+    from specstudy.study.prereg import load_prereg
 
     root = Path(__file__).resolve().parents[1]
     for cfg_file in ("config/config.yaml", "config/clariden-70b.yaml"):
@@ -284,7 +284,7 @@ def test_h2_is_evaluated_from_the_preregistration_of_both_studies(tmp_path):
     p = tmp_path / "prereg-bad.yaml"
     p.write_text(yaml.safe_dump(bad))
     cfg["study"]["preregistration"] = str(p)
-    from specstudy.config import ConfigError
+    from specstudy.study.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"hypotheses\[1\].*roles.low: 'chat' is not a workload of this study"):
         load_prereg(cfg)

@@ -148,7 +148,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from specstudy import atomic, gate
 from specstudy import cell as cellmod
 from specstudy.deployment import launch
-from specstudy.deployment_run import run_deployment
+from specstudy.job.run import run_deployment
 
 gate.capture_greedy = lambda url, served, prompts, path, **k: atomic.write_json(path, {"fake": True})
 
@@ -176,7 +176,7 @@ sys.exit(run_deployment(spec, sys.argv[4], results_root=sys.argv[5]))
 def test_a_signal_while_the_job_stops_its_server_is_a_cancelled_deployment(tmp_path, fake_python):
     """The job measured its cells and is stopping the server when SIGTERM arrives (the race of the SIGINT and
     scancel tests): the stop completes, the job records a cancelled deployment and exits 128+SIGTERM."""
-    from specstudy import atomic
+    from specstudy.core import atomic
     from test_deploy import BASELINE, fake_engine_section, job_spec
 
     spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python, env={"FAKE_MODE": "stubborn"},

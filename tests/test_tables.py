@@ -1,4 +1,4 @@
-"""Tests for specstudy.tables; also home of ``make_results_tree``, the fake results tree other tests use."""
+"""Tests for specstudy.analysis.tables; also home of ``make_results_tree``, the fake results tree other tests use."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import tables
-from specstudy.arms import parse_arm
+from specstudy.analysis import tables
+from specstudy.core.arms import parse_arm
 
 WORKLOADS = ("code", "chat", "summarization")
 CONCS = (1, 8)
@@ -233,7 +233,7 @@ def test_type_violation_names_column():
 
 
 def test_schema_rejects_bad_row():
-    from specstudy.schemas import ValidationError
+    from specstudy.core.schemas import ValidationError
 
     with pytest.raises(ValidationError, match="arm"):
         tables.validate_rows("cells", [{"phase": "screen", "arm": "bogus", "rep": 0, "workload": "code",
@@ -255,7 +255,7 @@ def test_cli(tree):
 
 def test_confounds_read_the_launch_log_parser_shape():
     """deployment.launchlog.parse_launch_log records async scheduling as {enabled, method, source, statement}."""
-    from specstudy.tables import confound_fields
+    from specstudy.analysis.tables import confound_fields
 
     row = confound_fields({"async_scheduling": {"enabled": False, "method": "ngram", "source": "log"}})
     assert row["async_scheduling"] is False
@@ -295,7 +295,7 @@ def test_drift_deployments_reach_the_tables(tree):
     deps = [r for r in rows["deployments"] if r["deployment_id"] == dep_id]
     assert len(deps) == 1 and deps[0]["kind"] == "drift" and deps[0]["rep_label"] == "drift1"
     tables.build_tables(tree, tree / "tables")
-    from specstudy import stats
+    from specstudy.inference import stats
 
     t = tables.read_tables(tree / "tables")
     dr = stats.drift(t["cells"], t["deployments"])
@@ -307,7 +307,7 @@ def test_drift_deployments_reach_the_tables(tree):
 
 
 def test_cell_keys_keep_kind_and_rep_label():
-    from specstudy import cell
+    from specstudy.measure import cell
 
     keys = {"phase": "screen", "arm": "baseline", "method": "baseline", "num_speculative_tokens": None,
             "draft_tensor_parallel_size": None, "rep": 1, "workload": "chat", "concurrency": 1,

@@ -1,4 +1,4 @@
-"""Tests for specstudy.telemetry: the sampler thread, parsers and the summary."""
+"""Tests for specstudy.measure.telemetry: the sampler thread, parsers and the summary."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, telemetry
+from specstudy.core import atomic
+from specstudy.measure import telemetry
 
 LOGS = Path(__file__).parent / "fixtures" / "launch-logs"
 

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import atomic, corpus, template_args
-from specstudy import fixture_models as fm
-from specstudy.config import ConfigError, check_config, effective_config_files
-from specstudy.deployment.spec import fingerprint, fingerprint_context
-from specstudy.deployment_run import _keys, _request_specs, run_deployment
-from specstudy.loadgen import _payload
+from specstudy.core import atomic
+from specstudy.inputs import corpus
+from specstudy.inputs import fixture_models as fm
+from specstudy.job.run import _keys, _request_specs, run_deployment
+from specstudy.job.spec import fingerprint, fingerprint_context
+from specstudy.measure.loadgen import _payload
+from specstudy.study import template_args
+from specstudy.study.config import ConfigError, check_config, effective_config_files
 
 ROOT = Path(__file__).resolve().parents[1]
 THINK = {"enable_thinking": True}
@@ -129,7 +131,7 @@ def test_a_target_not_built_yet_defers_the_check_to_the_plan_and_the_job(tmp_pat
     assert {c["workload"] for d in plan["deployments"] for c in d["cells"]} >= {"code", "code_thinking"}
 
     # ... and so does every deployment job, before a server starts.
-    from specstudy.deployment.spec import deployment_spec
+    from specstudy.job.spec import deployment_spec
 
     (missing / "chat_template.jinja").write_text(OLD_TEMPLATE)
     dep = plan["deployments"][0]
@@ -213,14 +215,14 @@ def test_the_switch_is_part_of_the_fingerprint_and_the_keys():
            (("on", on), ("off", off), ("false", false), ("other", other))}
     assert fps["on"] != fps["off"] and fps["false"] != fps["off"] and fps["on"] != fps["false"]
     assert fps["other"] == fps["off"], "a switch on another workload must not change this workload's cells"
-    from specstudy.cell import cell_fingerprint
+    from specstudy.measure.cell import cell_fingerprint
 
     # a study without switches keeps the fingerprints it had before switches existed
     assert fps["off"] == cell_fingerprint(dict(ctx, workload="code_thinking", concurrency=1, corpus_digest="d" * 64))
 
     assert _keys(on, cell, "dep")["chat_template_kwargs"] == THINK
-    from specstudy.cell import _keys as summary_keys
-    from specstudy.records import CellKeys, to_record
+    from specstudy.core.records import CellKeys, to_record
+    from specstudy.measure.cell import _keys as summary_keys
 
     kept = summary_keys(_keys(on, cell, "dep"))  # what the cell summary writes
     assert kept["chat_template_kwargs"] == THINK
@@ -311,7 +313,7 @@ def test_a_real_server_renders_the_switch_for_the_declared_workload_only(tmp_pat
     assert summaries["code_thinking"]["keys"]["chat_template_kwargs"] == THINK
     assert "chat_template_kwargs" not in summaries["code"]["keys"]
     assert summaries["code_thinking"]["fingerprint"] != summaries["code"]["fingerprint"]
-    from specstudy import schemas
+    from specstudy.core import schemas
 
     for s in summaries.values():
         schemas.validate(s, "cell-summary", "summary.json")

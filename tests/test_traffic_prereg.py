@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import decision
-from specstudy.config import ConfigError, check_config, load_config
-from specstudy.prereg import load_prereg
+from specstudy.inference import decision
+from specstudy.study.config import ConfigError, check_config, load_config
+from specstudy.study.prereg import load_prereg
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ["config/config.yaml", "config/gpu-h200.yaml", "config/gpu-h200x4.yaml", "config/clariden-70b.yaml"]

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, cell, schemas, upstream
+from specstudy.analysis import upstream
+from specstudy.core import atomic, schemas
+from specstudy.measure import cell
 
 # The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b"

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import atomic, prom, schemas, upstream, upstream_confirm
+from specstudy.analysis import upstream, upstream_confirm
+from specstudy.core import atomic, schemas
+from specstudy.measure import prom
 
 DATA = Path(__file__).resolve().parent / "data" / "upstream-8b"
 EAGLE = DATA / "results" / "8b" / "eagle"

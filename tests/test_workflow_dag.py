@@ -48,7 +48,7 @@ def workflow_copy(dest: Path) -> Path:
     for name in ("Snakefile", "rules", "config", "corpora", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
-    # A copy, not a link: rule fixture_models declares scripts/specstudy/fixture_models.py as an input, and the
+    # A copy, not a link: rule fixture_models declares scripts/specstudy/inputs/fixture_models.py as an input, and the
     # faked outputs must be newer than it (fake_screening ages every file of the copy).
     shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     return dest
@@ -109,8 +109,8 @@ def fake_planned(workdir: Path, config: str = "config/config.yaml"):
     (specstudy plan's own function, checked against the plan schema), as if checkpoint plan_screen had run.
     Returns the config, the plan and the writer (whose later files are newer)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy import plan as planmod
-    from specstudy.config import effective_config_files, load_config
+    from specstudy.study import plan as planmod
+    from specstudy.study.config import effective_config_files, load_config
 
     os.chdir(workdir)
     cfg = load_config(config)
@@ -131,7 +131,7 @@ def fake_planned(workdir: Path, config: str = "config/config.yaml"):
     write("results/screen/prereg-lock.json", planmod.prereg_lock(cfg))
     p = planmod.make_plan(cfg, "screen")
     write("results/plan/screen.json", dict(p, corpora={}))
-    from specstudy import records
+    from specstudy.core import records
 
     assert records.read_plan(workdir / "results/plan/screen.json").deployments
     return cfg, p, write
@@ -139,7 +139,7 @@ def fake_planned(workdir: Path, config: str = "config/config.yaml"):
 
 def fake_screening(workdir: Path) -> None:
     """Write every screening output with increasing mtimes, as if screening had run."""
-    from specstudy import plan as planmod
+    from specstudy.study import plan as planmod
 
     cfg, p, write = fake_planned(workdir)
     speed = {"baseline": 10.0, "draft-k2-tp1": 7.0, "draft-k4-tp1": 7.5, "ngram-k2": 9.0, "ngram-k4": 9.5}
@@ -321,8 +321,8 @@ def fake_cell_summary(phase: str, arm: str, rep: str, workload: str, concurrency
     """A valid cell summary of the shape the deployment job writes (schema cell-summary), with only the two
     figures the analysis compares filled in (the confirmation checkpoint reads it as a typed record)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy import cell
-    from specstudy.arms import parse_arm
+    from specstudy.core.arms import parse_arm
+    from specstudy.measure import cell
 
     spec = parse_arm(arm)
     keys = {"phase": phase, "arm": arm, "method": spec["method"], "rep": int(rep.removeprefix("drift").removeprefix("rep")),
@@ -341,8 +341,8 @@ def _fake_confirm_rounds(workdir: Path, speedups: dict[str, list[float]], rounds
     """Write confirmation cells and records of ``rounds`` with per-round speedups (same for every cell of an arm,
     except draft-k2-tp1 on code@c8 which takes ``speedups['border']`` when given)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from specstudy import plan as planmod
-    from specstudy.config import load_config
+    from specstudy.study import plan as planmod
+    from specstudy.study.config import load_config
 
     os.chdir(workdir)
     cfg = load_config("config/config.yaml")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-from specstudy.atomic import sha256_file  # noqa: E402  (stdlib only: usable before anything is installed)
+from specstudy.core.atomic import sha256_file  # noqa: E402  (stdlib only: usable before anything is installed)
 
 MANIFEST = "manifest.json"
 DEFAULT_HOLD = Path("/tmp/specstudy-parts")

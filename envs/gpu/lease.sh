@@ -124,15 +124,15 @@ case "${1:-}" in
     export PYTHONPATH="${2:-}${2:+:}$REPO/scripts${PYTHONPATH:+:$PYTHONPATH}"
     t0=$(now)
     python3 -c "import yaml; fm = yaml.safe_load(open('$CONFIG'))['fixture_models']; \
-from specstudy.fixture_models import build_fixture_models; \
+from specstudy.inputs.fixture_models import build_fixture_models; \
 build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_preset=fm.get('draft_preset', 'default'))" \
       > results/logs/models/fixture.log 2>&1
     echo $? > "$LEASE/prebuild.rc"
     say "prebuild: rc $(cat "$LEASE/prebuild.rc") after $(( $(now) - t0 )) s"
-    if [ "$(cat "$LEASE/prebuild.rc")" = 0 ] && python3 -c "import sys; from specstudy.scale_model import wanted; sys.exit(0 if wanted('$CONFIG') else 1)"; then
+    if [ "$(cat "$LEASE/prebuild.rc")" = 0 ] && python3 -c "import sys; from specstudy.inputs.scale_model import wanted; sys.exit(0 if wanted('$CONFIG') else 1)"; then
       t0=$(now)
       say "prebuild: scale model (results/models/scale) on the GPU"
-      python3 -c "from specstudy.scale_model import build_from_config; build_from_config('$CONFIG')" \
+      python3 -c "from specstudy.inputs.scale_model import build_from_config; build_from_config('$CONFIG')" \
         > results/logs/models/scale.log 2>&1
       echo $? > "$LEASE/scale.rc"
       say "prebuild: scale model rc $(cat "$LEASE/scale.rc") after $(( $(now) - t0 )) s"

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "scripts"))
 from install_offline import MANIFEST, InstallError, verify_part  # noqa: E402  (one manifest check for stage and install)
 
-from specstudy.atomic import sha256_file  # noqa: E402
+from specstudy.core.atomic import sha256_file  # noqa: E402
 
 PART_LIMIT = 60_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
 MANIFEST_RESERVE = 64_000  # room kept in each part for manifest.json

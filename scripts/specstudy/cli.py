@@ -12,33 +12,33 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
-    "fixture_models",
-    "heldout",
-    "corpus",
-    "plan_cli",
-    "loadgen",
-    "deployment_run",
-    "deployment.cli",
-    "engine_probe",
-    "telemetry",
-    "gate",
-    "sampling_phase",
-    "select",
-    "checkpoint",
-    "capacity",
-    "memory",
-    "upstream",
-    "tables",
-    "report",
-    "random_model",
-    "scale_model",
-    "mechanics",
-    "ignore_eos",
-    "profiling",
-    "rerun",
-    "check_results",
-    "checkconfig",
-    "extension_cli",
+    "inputs.fixture_models",
+    "inputs.heldout",
+    "inputs.corpus",
+    "study.plan_cli",
+    "measure.loadgen",
+    "job.run",
+    "job.cli",
+    "job.engine_probe",
+    "measure.telemetry",
+    "analysis.gate",
+    "phases.sampling_phase",
+    "analysis.select",
+    "analysis.checkpoint",
+    "measure.capacity",
+    "phases.memory",
+    "analysis.upstream",
+    "analysis.tables",
+    "report.document",
+    "inputs.random_model",
+    "inputs.scale_model",
+    "mechanics.point",
+    "phases.ignore_eos",
+    "phases.profiling",
+    "study.rerun",
+    "analysis.check_results",
+    "study.checkconfig",
+    "phases.extension_cli",
 ]
 
 
@@ -62,9 +62,9 @@ def explain(exc: BaseException) -> str | None:
     """The message for a bad-input exception, or None for anything else (a bug: keep the traceback)."""
     import json
 
-    from . import atomic, schemas
-    from .corpus import CorpusError
-    from .errors import ConfigError, UserError
+    from specstudy.core import atomic, schemas
+    from specstudy.core.errors import ConfigError, UserError
+    from specstudy.inputs.corpus import CorpusError
 
     if isinstance(exc, (UserError, atomic.BadFile, ConfigError, CorpusError, schemas.ValidationError)):
         return str(exc)

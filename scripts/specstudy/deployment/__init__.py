@@ -1,11 +1,11 @@
-"""One vLLM server per (phase, arm, rep) attempt: the deployment job's building blocks, by concept.
+"""One vLLM server's lifecycle, by concept; imports the layers up to ``measure``.
 
-The job itself is :func:`specstudy.deployment_run.run_deployment` (launch → ready → smoke captures →
-cells → stop). What it calls lives here:
+The deployment job that drives it is :func:`specstudy.job.run.run_deployment` (launch → ready → smoke
+captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls lives here:
 
 - :mod:`.command` — engine settings, arm validation, the vLLM argument list (``--speculative-config``
   is the only thing that differs between arms), and the recommended arm's ``--speculative-config``
-  patched into an operator's launch arguments (for :mod:`specstudy.report`);
+  patched into an operator's launch arguments (for :mod:`specstudy.report.document`);
 - :mod:`.launch` — backends (:class:`~.launch.LocalProcessBackend`, :class:`~.launch.ContainerBackend`
   for Clariden's ``srun --environment``), the :class:`~.launch.Server` handle, process-group stop,
   the launcher's environment and :func:`~.launch.start_server`;
@@ -15,11 +15,10 @@ cells → stop). What it calls lives here:
   start-up phases, error excerpts and failure classification;
 - :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
 - :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
-- :mod:`.spec` — a deployment job's spec from the plan and the config, engine settings, cell fingerprints;
 - :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);
-- :mod:`.cli` — ``specstudy deploy-command`` and ``specstudy deploy-confounds``.
+- :mod:`.server_watch` — notices a server's death mid-deployment.
 
-``/metrics`` is fetched and parsed in one place, :mod:`specstudy.prom`.
+``/metrics`` is fetched and parsed in one place, :mod:`specstudy.measure.prom`.
 """
 
 from __future__ import annotations

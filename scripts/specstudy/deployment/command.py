@@ -5,7 +5,7 @@ Every controlled setting comes from the engine config and is identical across ar
 ``--speculative-config`` differs (:func:`strip_speculative` proves it). The recommended arm becomes
 flags the same way: :func:`recommended_speculative_config` (the deployment's recorded value, else the
 arm spec) and :func:`vllm_args_patch` (the operator's arguments with that ``--speculative-config`` set,
-and a unified diff), written by :mod:`specstudy.report`.
+and a unified diff), written by :mod:`specstudy.report.document`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import arms as _arms
-from ..config import ConfigError
+from specstudy.core import arms as _arms
+from specstudy.study.config import ConfigError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -48,7 +48,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 
 
 def arm_name(arm: dict) -> str:
-    """Canonical name of an arm spec (:func:`specstudy.arms.arm_name`); an unknown method is a ConfigError."""
+    """Canonical name of an arm spec (:func:`specstudy.core.arms.arm_name`); an unknown method is a ConfigError."""
     try:
         return _arms.arm_name(arm)
     except ValueError as exc:
@@ -194,7 +194,7 @@ def strip_speculative(argv: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The recommendation's flags for an operator's own launch arguments (specstudy.report)
+# The recommendation's flags for an operator's own launch arguments (specstudy.report.document)
 # ---------------------------------------------------------------------------------------------
 def recommended_speculative_config(arm_spec: dict | None, recorded: str | None = None,
                                    draft_model: str | None = None) -> dict:

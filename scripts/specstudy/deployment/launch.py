@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
-from ..config import ConfigError
-from . import DeploymentError, utcnow
-from .command import build_command, engine_settings
-from .redaction import redact_argv, redact_text, secret_values
+from specstudy.core import atomic
+from specstudy.deployment import DeploymentError, utcnow
+from specstudy.deployment.command import build_command, engine_settings
+from specstudy.deployment.redaction import redact_argv, redact_text, secret_values
+from specstudy.study.config import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -521,7 +521,7 @@ def image_digest(image: str | None) -> str | None:
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str | None:
-    """:func:`specstudy.atomic.sha256_file`, or None for an unreadable file (provenance records what it can)."""
+    """:func:`specstudy.core.atomic.sha256_file`, or None for an unreadable file (provenance records what it can)."""
     try:
         return atomic.sha256_file(path, limit=limit)
     except OSError:

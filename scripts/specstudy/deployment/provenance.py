@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .command import engine_settings
-from .launch import PROJECT_ROOT, LocalProcessBackend, Server, make_backend, sha256_file
-from .launchlog import parse_launch_log
-from .redaction import redact_argv, redact_env, redact_text, secret_values
+from specstudy.deployment.command import engine_settings
+from specstudy.deployment.launch import PROJECT_ROOT, LocalProcessBackend, Server, make_backend, sha256_file
+from specstudy.deployment.launchlog import parse_launch_log
+from specstudy.deployment.redaction import redact_argv, redact_env, redact_text, secret_values
 
 PROVENANCE_SCHEMA = "specstudy.provenance/1"
 
@@ -68,7 +68,7 @@ def model_info(path: str | os.PathLike | None) -> dict | None:
 def hardware_info() -> dict:
     import platform
 
-    from specstudy.telemetry import gpu_inventory
+    from specstudy.measure.telemetry import gpu_inventory
 
     out: dict[str, Any] = {"hostname": platform.node(), "gpus": None, "gpu": None, "cpu": None}
     inv = gpu_inventory()  # NVML (nvidia-smi as fallback); no GPU: devices [] and the reason in 'error'

@@ -13,10 +13,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-from .. import prom
-from . import DeploymentError, utcnow
-from .launch import Server
-from .redaction import redact_text
+from specstudy.deployment import DeploymentError, utcnow
+from specstudy.deployment.launch import Server
+from specstudy.deployment.redaction import redact_text
+from specstudy.measure import prom
 
 
 def _http(method: str, url: str, body: dict | None = None, timeout: float = 10.0, api_key: str | None = None):

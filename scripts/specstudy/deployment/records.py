@@ -6,10 +6,10 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import atomic
-from . import utcnow
-from .launchlog import classify_failure, error_excerpt, parse_launch_log
-from .redaction import redact_argv, redact_text
+from specstudy.core import atomic
+from specstudy.deployment import utcnow
+from specstudy.deployment.launchlog import classify_failure, error_excerpt, parse_launch_log
+from specstudy.deployment.redaction import redact_argv, redact_text
 
 DEPLOYMENT_SCHEMA = "specstudy.deployment/1"
 FAILURE_SCHEMA = "specstudy.deployment-failure/1"
@@ -72,7 +72,7 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
         "written_at": utcnow(),
     }
     path = out / "failure.json"
-    from specstudy import schemas
+    from specstudy.core import schemas
 
     schemas.validate(record, "deployment-failure", str(path))
     atomic.write_json(path, record)

@@ -1,0 +1,209 @@
+"""``specstudy check-results``: is this results tree consistent, and what is the one command that repairs it?
+
+Checks, in the order a study makes its files:
+
+1. the pre-registration lock (``results/screen/prereg-lock.json``) against the pre-registration file;
+2. the selection against its own ``digest``, and against the sha256 the confirmation plan recorded;
+3. the selection's screening inputs (cells, deployment records, screening gates) against the sha256 the
+   selection recorded for each (specstudy.study.selection_lock);
+4. every declared deployment record (``results/<phase>/<arm>/<rep>/deployment.json``) against its cells:
+   each declared ``summary.json`` must be the copy of the attempt file the record names.
+
+Each check prints ``ok`` or ``NOT OK`` with what it found; the last line is the one command that repairs the
+tree (nothing to do when everything is consistent). ``--repair`` runs the repair that needs no measurement:
+it copies changed or missing screening files back from the attempts that hold the bytes the selection
+recorded (every attempt stays on disk), then checks again. A repair that needs a decision (accept new
+screening data: archive confirmation and select again) is printed, never run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specstudy.core import atomic
+from specstudy.core.atomic import sha256_file
+from specstudy.study.selection_lock import CONFIRM_PLAN, RESELECT_COMMAND, RESTORE_COMMAND, SELECTION, changed_inputs
+
+LOCK = "results/screen/prereg-lock.json"
+
+
+@dataclass
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Result:
+    findings: list[Finding] = field(default_factory=list)
+    repair: str | None = None  # the one command that repairs the tree; None when consistent
+    restorable: dict[str, Path] = field(default_factory=dict)  # declared file -> attempt copy with the recorded bytes
+
+    @property
+    def consistent(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def add(self, check: str, ok: bool, detail: str, repair: str | None = None) -> None:
+        self.findings.append(Finding(check, ok, detail))
+        if not ok and repair and self.repair is None:
+            self.repair = repair
+
+
+def attempt_copy(root: Path, declared: str, sha256: str) -> Path | None:
+    """An attempt file holding the bytes ``sha256`` of a declared cell summary or deployment record."""
+    rel = Path(declared)
+    parts = rel.parts
+    # results/<phase>/<arm>/<rep>/deployment.json  or  results/<phase>/<arm>/<rep>/<workload>/c<c>/summary.json
+    if len(parts) == 5 and parts[-1] == "deployment.json":
+        base, pattern = Path(*parts[:4]), "attempts/*/record.json"
+    elif len(parts) == 7 and parts[-1] == "summary.json":
+        base, pattern = Path(*parts[:4]), f"attempts/*/{parts[4]}/{parts[5]}/summary.json"
+    else:
+        return None
+    for cand in sorted((root / base).glob(pattern)):
+        if sha256_file(cand) == sha256:
+            return cand
+    return None
+
+
+def check_tree(root: str | os.PathLike = ".") -> Result:
+    from specstudy.study.config import ConfigError
+    from specstudy.study.prereg_guard import verify_lock
+    from specstudy.study.selection_lock import SelectionError, verify_selection
+
+    root = Path(root)
+    res = Result()
+    lock_path = root / LOCK
+    if not lock_path.exists():
+        res.add("pre-registration lock", True, f"{LOCK} not written yet (screening has not started)")
+    else:
+        prereg = None
+        try:
+            prereg = atomic.read_json(lock_path).get("preregistration") or ""
+            lock = verify_lock(lock_path, prereg if os.path.isabs(prereg) else root / prereg)
+            res.add("pre-registration lock", True, f"{prereg} matches {LOCK} (sha256 {lock['sha256'][:12]}…)")
+        except (ConfigError, ValueError, OSError) as exc:
+            res.add("pre-registration lock", False, str(exc), f"git checkout {prereg}" if prereg else None)
+
+    sel_path, plan_path = root / SELECTION, root / CONFIRM_PLAN
+    sel = None
+    if not sel_path.exists():
+        res.add("selection", True, f"{SELECTION} not written yet")
+    else:
+        try:
+            sel = verify_selection(sel_path)
+            res.add("selection", True, f"{SELECTION} matches its digest; confirmation arms {sel['confirmation_arms']}")
+        except SelectionError as exc:
+            res.add("selection", False, str(exc), RESELECT_COMMAND)
+    if sel is not None and plan_path.exists():
+        try:
+            verify_selection(sel_path, plan_path)
+            res.add("confirmation plan", True, f"{CONFIRM_PLAN} records this selection's sha256 (the selection is "
+                                               "locked)")
+        except SelectionError as exc:
+            res.add("confirmation plan", False, f"{exc}. The selection was rewritten after confirmation was planned",
+                    RESELECT_COMMAND)
+    elif plan_path.exists() and sel is None and not sel_path.exists():
+        res.add("confirmation plan", False, f"{CONFIRM_PLAN} exists but the selection it was built from "
+                                            f"({SELECTION}) is missing", RESELECT_COMMAND)
+
+    if sel is not None:
+        changed = changed_inputs(sel, root, include_missing=True)
+        if not changed:
+            res.add("screening inputs", True, f"all {len(sel.get('inputs') or [])} files the selection was made from "
+                                              "hold the content it recorded")
+        for c in changed:
+            copy = attempt_copy(root, c.path, c.recorded)
+            if copy is not None:
+                res.restorable[c.path] = copy
+            what = "missing" if c.now is None else f"sha256 {c.now[:12]}…, the selection recorded {c.recorded[:12]}…"
+            where = (f"restorable from {copy.relative_to(root)}" if copy is not None
+                     else "no attempt holds the recorded bytes")
+            locked = plan_path.exists()
+            if c.now is None and locked:
+                fix = f"snakemake --profile profiles/local {c.path}"  # rebuilt by its job (a reused cell: same bytes)
+            elif copy is not None:
+                fix = RESTORE_COMMAND
+            else:
+                fix = RESELECT_COMMAND if locked else "snakemake --profile profiles/local results/selection/selection.json"
+            res.add("screening inputs", False, f"{c.path}: {what} ({where})", fix)
+
+    for rec_path in sorted(root.glob("results/*/*/*/deployment.json")):
+        rel = rec_path.relative_to(root)
+        if rel.parts[1] not in ("screen", "confirm"):
+            continue
+        try:
+            rec = atomic.read_json(rec_path)
+        except ValueError as exc:
+            res.add("deployment records", False, str(exc), f"specstudy rerun {rel}")
+            continue
+        bad = []
+        for c in rec.get("cells") or []:
+            declared = rec_path.parent / c["workload"] / f"c{int(c['concurrency'])}" / "summary.json"
+            src = Path(c.get("summary") or "")
+            src = src if src.is_absolute() else root / src
+            if not declared.exists():
+                bad.append(f"{declared.relative_to(root)} missing")
+            elif not src.exists():
+                bad.append(f"{src} (named by the record) missing")
+            elif sha256_file(declared) != sha256_file(src):
+                bad.append(f"{declared.relative_to(root)} differs from {c.get('summary')}")
+        if bad:
+            res.add("deployment records", False, f"{rel}: " + "; ".join(bad),
+                    f"specstudy rerun {bad[0].split(' ')[0]}")
+    if not any(f.check == "deployment records" for f in res.findings):
+        n = sum(1 for p in root.glob("results/*/*/*/deployment.json") if p.parts[-4] in ("screen", "confirm"))
+        res.add("deployment records", True, f"{n} deployment records, every declared cell is the copy of the attempt "
+                                            "its record names")
+    if res.consistent:
+        res.repair = None
+    elif res.repair is None:
+        res.repair = RESELECT_COMMAND
+    return res
+
+
+def repair(root: str | os.PathLike = ".") -> list[str]:
+    """Copy every restorable screening file back from its attempt (the bytes the selection recorded)."""
+    root = Path(root)
+    done = []
+    for declared, copy in check_tree(root).restorable.items():
+        atomic.write_bytes(root / declared, copy.read_bytes())
+        done.append(f"restored {declared} from {copy.relative_to(root)}")
+    return done
+
+
+def _print(res: Result) -> None:
+    for f in res.findings:
+        print(f"{'ok    ' if f.ok else 'NOT OK'} {f.check}: {f.detail}")
+    if res.consistent:
+        print("consistent: nothing to repair")
+    else:
+        print(f"repair: {res.repair}")
+
+
+def _cmd_check(args) -> int:
+    os.chdir(args.directory)
+    if args.repair:
+        res = check_tree(".")
+        if res.repair == RESTORE_COMMAND:
+            for line in repair("."):
+                print(line)
+        elif not res.consistent:
+            _print(res)
+            print("--repair restores screening files from their attempts only; run the command above")
+            return 1
+    res = check_tree(".")
+    _print(res)
+    return 0 if res.consistent else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check-results", help="check a results tree (lock, selection, plans, records' digests) and "
+                                             "print the one command that repairs it",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--directory", default=".", help="the study's working directory (holding results/)")
+    p.add_argument("--repair", action="store_true", help="restore changed screening files from their attempts")
+    p.set_defaults(func=_cmd_check)

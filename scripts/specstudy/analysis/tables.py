@@ -1,0 +1,856 @@
+"""Parquet tables rebuilt from raw result artifacts alone.
+
+``specstudy tables --results results --out results/tables`` reads every ``deployment.json``, cell
+``summary.json``, ``attempts/*/<workload>/c<c>/requests.jsonl``, ``gates/<phase>/<arm>.json`` and
+``deployment-failures/**`` record and writes ``requests.parquet``, ``cells.parquet``,
+``deployments.parquet`` and ``gates.parquet``.
+
+The output is deterministic: rows are sorted by their keys, the column order is fixed (declared core
+columns first, then any extra flattened fields in sorted order), no timestamps go into the metadata,
+so deleting ``results/tables/`` and rebuilding gives the same bytes.
+
+Cell summaries, deployment records and failure records are read as typed records
+(:mod:`specstudy.core.records`, one struct per schema in ``config/schemas/``): a record of another shape stops
+the build naming the file and the field instead of becoming a row of defaults. Their open sections
+(telemetry, confounds, provenance, cache_config, ...) are flattened into extra columns as written.
+Statistics and the report only ever read the tables.
+
+Kept as one module (over ~700 lines): the core column declarations, the row builders, discovery and the
+Arrow writer together define each table's columns, types and byte-deterministic output; split, a column would
+be declared in one file and filled and typed in others.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from specstudy.core.arms import ARM_RE, is_arm_name, parse_arm
+from specstudy.core.errors import UserError
+from specstudy.core.records import (
+    CellSummary,
+    DeploymentRecord,
+    DeploymentTimes,
+    Failure,
+    GateRecord,
+    RecordError,
+    kv_cache_tokens,
+    read_cell_summary,
+    read_deployment,
+    read_gate,
+    to_record,
+)
+
+PHASES = ("screen", "confirm")
+REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
+CONC_RE = re.compile(r"^c(\d+)$")
+WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+TABLE_NAMES = ("requests", "cells", "deployments", "gates")
+
+# ---------------------------------------------------------------------------------------------
+# Core columns per table: (name, arrow type name). Extra flattened fields follow in sorted order.
+# ---------------------------------------------------------------------------------------------
+KEY_COLUMNS = [
+    ("phase", "string"),
+    ("arm", "string"),
+    ("method", "string"),
+    ("num_speculative_tokens", "int64"),
+    ("draft_tensor_parallel_size", "int64"),
+    ("rep", "int64"),
+]
+
+#: Start-up phases of a deployment record (deploy.startup_phases), in order.
+STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+#: NVML series summarised per cell: per GPU, ``_mean`` = mean over GPUs of the time mean, ``_max`` = max over GPUs.
+GPU_SERIES = ("memory_used_mib", "utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
+GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_count", "int64")] + [
+    (f"gpu_{name}_{stat}", "float64") for name in GPU_SERIES for stat in ("mean", "max")] + [
+    # NVML's total-energy counter over the measurement window, summed over the GPUs, and per output token
+    # (null without a GPU counter: a CPU run has none, never zero)
+    ("gpu_energy_j", "float64"), ("gpu_energy_window_s", "float64"), ("energy_j_per_output_token", "float64")]
+
+CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "requests": KEY_COLUMNS
+    + [
+        ("workload", "string"),
+        ("concurrency", "int64"),
+        ("deployment_id", "string"),
+        ("chosen", "bool"),
+        ("request_index", "int64"),
+        ("prompt_id", "string"),
+        ("scheduled_s", "float64"),
+        ("start_s", "float64"),
+        ("end_s", "float64"),
+        ("start_unix", "float64"),
+        ("ttft_ms", "float64"),
+        ("e2e_ms", "float64"),
+        ("tpot_ms", "float64"),
+        ("completion_tokens", "int64"),
+        ("prompt_tokens", "int64"),
+        ("usage_present", "bool"),
+        ("finish_reason", "string"),
+        ("status_code", "int64"),
+        ("error", "string"),
+        ("success", "bool"),
+        ("n_content_events", "int64"),
+        ("stream_event_gaps_ms", "list<float64>"),
+        ("tokens_per_event", "list<int64>"),
+        ("output_sha256", "string"),
+        ("output_chars", "int64"),
+    ],
+    "cells": KEY_COLUMNS
+    + [
+        ("workload", "string"),
+        ("concurrency", "int64"),
+        ("deployment_id", "string"),
+        ("kind", "string"),
+        ("rep_label", "string"),
+        ("fingerprint", "string"),
+        ("corpus_name", "string"),
+        ("corpus_version", "string"),
+        ("corpus_digest", "string"),
+        ("valid", "bool"),
+        ("throughput_valid", "bool"),
+        ("latency_valid", "bool"),
+        ("invalid_reasons", "string"),
+        ("invalid_details", "string"),
+        ("validity_notes", "string"),
+        ("validity_note_details", "string"),
+        ("requests_attempted", "int64"),
+        ("requests_successful", "int64"),
+        ("requests_failed", "int64"),
+        ("success_rate", "float64"),
+        ("missing_usage", "int64"),
+        ("prompt_tokens", "int64"),
+        ("completion_tokens", "int64"),
+        ("output_tokens_per_second", "float64"),
+        ("wall_seconds", "float64"),
+        ("ttft_p50_ms", "float64"),
+        ("ttft_p95_ms", "float64"),
+        ("ttft_mean_ms", "float64"),
+        ("tpot_p50_ms", "float64"),
+        ("tpot_p95_ms", "float64"),
+        ("tpot_mean_ms", "float64"),
+        ("e2e_p50_ms", "float64"),
+        ("e2e_p95_ms", "float64"),
+        ("spec_enabled", "bool"),
+        ("acceptance_rate", "float64"),
+        ("mean_acceptance_length", "float64"),
+        ("draft_tokens", "float64"),
+        ("accepted_tokens", "float64"),
+        ("per_position_acceptance", "list<float64>"),
+        ("loadgen_limited", "bool"),
+        ("started_at", "string"),
+        ("ended_at", "string"),
+        ("started_unix", "float64"),
+        ("tensor_parallel_size", "int64"),
+    ]
+    + GPU_COLUMNS,
+    "deployments": KEY_COLUMNS
+    + [
+        ("deployment_id", "string"),
+        ("kind", "string"),
+        ("rep_label", "string"),
+        ("source", "string"),
+        ("status", "string"),
+        ("failure_stage", "string"),
+        ("failure_reason", "string"),
+        ("failure_error_excerpt", "string"),
+        ("failure_log", "string"),
+        ("arm_spec", "string"),
+        ("command", "string"),
+        ("speculative_config", "string"),
+        ("hostname", "string"),
+        ("kv_cache_tokens", "float64"),
+        ("init_seconds", "float64"),
+        ("async_scheduling", "bool"),
+        ("max_num_batched_tokens", "float64"),
+        ("max_num_scheduled_tokens", "float64"),
+        ("n_cells", "int64"),
+        ("n_cells_ok", "int64"),
+        ("time_start", "string"),
+        ("time_ready", "string"),
+        ("time_stop", "string"),
+        ("start_unix", "float64"),
+        ("tensor_parallel_size", "int64"),
+        ("model_loading_gib", "float64"),
+        ("kv_available_gib", "float64"),
+        ("kv_log_tokens", "float64"),
+        ("compile_cache", "string"),
+        ("startup_cache", "string"),
+        ("startup_log_clock", "string"),
+        ("startup_total_s", "float64"),
+    ]
+    + [(f"startup_{p}_s", "float64") for p in STARTUP_PHASES]
+    + [
+        ("deployment_seconds", "float64"),
+        ("measuring_seconds", "float64"),
+        ("startup_share", "float64"),
+        ("measuring_share", "float64"),
+    ],
+    "gates": [
+        ("phase", "string"),
+        ("arm", "string"),
+        ("verdict", "string"),
+        ("blocks_recommendation", "bool"),
+        ("reason_codes", "string"),
+        ("reasons", "string"),
+        ("claim", "string"),
+        ("control_kind", "string"),
+        ("control_arm", "string"),
+        ("control_worst", "string"),
+        ("treatment_worst", "string"),
+        ("control_pairs", "int64"),
+        ("control_deployments", "int64"),
+        ("treatment_pairs", "int64"),
+        ("detail", "string"),
+    ],
+}
+
+SORT_KEYS = {
+    "requests": ["phase", "arm", "rep", "workload", "concurrency", "deployment_id", "request_index"],
+    "cells": ["phase", "arm", "kind", "rep", "workload", "concurrency", "deployment_id"],
+    "deployments": ["phase", "arm", "kind", "rep", "deployment_id", "source"],
+    "gates": ["phase", "arm"],
+}
+
+
+class TablesError(UserError):
+    """A raw artifact cannot be turned into a table row; the message names file, field and fix (bad input:
+    ``specstudy tables`` prints it as one line)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Defensive field access (the only place that knows record shapes)
+# ---------------------------------------------------------------------------------------------
+def dig(obj: Any, *path: str, default: Any = None) -> Any:
+    """``obj[p0][p1]…`` or ``default`` when any step is missing or not a dict."""
+    for p in path:
+        if not isinstance(obj, dict) or p not in obj:
+            return default
+        obj = obj[p]
+    return default if obj is None else obj
+
+
+def first(*values: Any) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return None if (isinstance(v, float) and not math.isfinite(v)) else float(v)
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+def _bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no", "enabled", "disabled"):
+        return v.lower() in ("true", "1", "yes", "enabled")
+    if isinstance(v, int):
+        return bool(v)
+    return None
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def to_unix(v: Any) -> float | None:
+    """Seconds since the epoch from a number or an ISO-8601 string; ``None`` when unknown."""
+    f = _num(v)
+    if f is not None:
+        return f
+    if isinstance(v, str):
+        from datetime import UTC, datetime
+
+        try:
+            dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    return None
+
+
+def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
+    implied = parse_arm(arm_name) if is_arm_name(arm_name) else {}
+    spec = dict(implied, **{k: v for k, v in (spec or {}).items() if v is not None})
+    return {
+        "phase": phase,
+        "arm": arm_name,
+        "method": spec.get("method"),
+        "num_speculative_tokens": _int(spec.get("num_speculative_tokens")),
+        "draft_tensor_parallel_size": _int(spec.get("draft_tensor_parallel_size")),
+        "rep": rep,
+    }
+
+
+def confound_fields(confounds: dict | None, cache_config: dict | None = None) -> dict:
+    """The confounds every comparison shows side by side, from a confounds (+cache_config) dict;
+    ``kv_cache_tokens`` is the ``/metrics`` KV pool (records.kv_cache_tokens)."""
+    c = confounds or {}
+    cc = cache_config or {}
+    kv = kv_cache_tokens({"confounds": c, "cache_config": cc})
+    raw_async = c.get("async_scheduling")
+    if isinstance(raw_async, dict):  # deployment.launchlog.parse_launch_log: {enabled, method, source, statement}
+        raw_async = raw_async.get("enabled")
+    async_sched = _bool(raw_async)
+    return {
+        "kv_cache_tokens": kv,
+        "async_scheduling": async_sched,
+        "max_num_batched_tokens": _num(c.get("max_num_batched_tokens")),
+        "max_num_scheduled_tokens": _num(c.get("max_num_scheduled_tokens")),
+        # V2 vs V1: vLLM 0.23 falls back to the V1 runner for speculative methods V2 lacks (launch log)
+        "model_runner": _str(c.get("model_runner")),
+    }
+
+
+def gpu_fields(telemetry: dict | None) -> dict:
+    """Per-cell NVML summary: GPU count and, per series, the mean over GPUs of each GPU's time mean and
+    the max over GPUs of each GPU's max (``telemetry.series['gpu<i>.<name>']``). None without GPU series."""
+    tel = telemetry if isinstance(telemetry, dict) else {}
+    series = tel.get("series") if isinstance(tel.get("series"), dict) else {}
+    gpus = sorted({k.split(".", 1)[0] for k in series if re.match(r"^gpu\d+\.", k)}, key=lambda g: int(g[3:]))
+    out: dict[str, Any] = {"gpu_telemetry_source": _str(dig(tel, "gpu", "source")) if gpus else None,
+                           "gpu_count": len(gpus) if gpus else None}
+    for name in GPU_SERIES:
+        means = [_num(dig(series, f"{g}.{name}", "mean")) for g in gpus]
+        maxes = [_num(dig(series, f"{g}.{name}", "max")) for g in gpus]
+        means, maxes = [v for v in means if v is not None], [v for v in maxes if v is not None]
+        out[f"gpu_{name}_mean"] = sum(means) / len(means) if means else None
+        out[f"gpu_{name}_max"] = max(maxes) if maxes else None
+    # energy: only when every GPU of the job has the counter over the window (a partial sum would understate it)
+    deltas = [_num(dig(series, f"{g}.energy_j", "delta")) for g in gpus]
+    known = bool(gpus) and all(d is not None for d in deltas)
+    out["gpu_energy_j"] = sum(deltas) if known else None
+    out["gpu_energy_window_s"] = _num(tel.get("window_s")) if known else None
+    return out
+
+
+def startup_fields(dep: DeploymentRecord) -> dict:
+    """Start-up phases, cache state and memory/KV cost of a deployment record (None where absent)."""
+    st = dep.startup or {}
+    c = dep.confounds or {}
+    t0, t1 = to_unix(dep.times.start), to_unix(dep.times.stop)
+    out = {"tensor_parallel_size": dep.target_tensor_parallel_size,
+           "model_loading_gib": _num(dig(c, "model_loading", "memory_gib")),
+           "kv_available_gib": _num(dig(c, "kv_cache", "available_memory_gib")),
+           "kv_log_tokens": kv_cache_tokens(dep, sources=("log",)),
+           "compile_cache": _str(dig(c, "compilation", "compile_cache")),
+           "startup_cache": _str(st.get("cache")), "startup_log_clock": _str(st.get("log_clock")),
+           "startup_total_s": _num(st.get("total_s")),
+           "deployment_seconds": (t1 - t0) if (t0 is not None and t1 is not None) else None}
+    for p in STARTUP_PHASES:
+        out[f"startup_{p}_s"] = _num(dig(st, "phases", p))
+    d, tot = out["deployment_seconds"], out["startup_total_s"]
+    out["startup_share"] = tot / d if (d and tot is not None) else None
+    return out
+
+
+def _flatten(obj: Any, prefix: str, out: dict, depth: int = 0, max_depth: int = 4) -> None:
+    if isinstance(obj, dict) and depth < max_depth:
+        for k in sorted(obj):
+            _flatten(obj[k], f"{prefix}.{k}" if prefix else str(k), out, depth + 1, max_depth)
+    elif isinstance(obj, list | dict):
+        out[prefix] = json.dumps(obj, sort_keys=True, default=str)
+    else:
+        out[prefix] = obj
+
+
+def flatten(obj: Any, prefix: str) -> dict:
+    out: dict = {}
+    _flatten(obj, prefix, out)
+    return out
+
+
+def cell_row(summary: CellSummary | dict, source: str = "<cell summary>") -> dict:
+    """One ``cells`` row from a cell ``summary.json`` (records.read_cell_summary; a dict is read as one)."""
+    if isinstance(summary, dict):
+        summary = to_record(summary, CellSummary, source)
+    keys, validity, spec, times = summary.keys, summary.validity, summary.speculative, summary.times
+    reasons = msgspec.to_builtins(validity.reasons)
+    notes = msgspec.to_builtins(validity.notes)
+    row = arm_keys(keys.phase, keys.arm, keys.rep, {"method": keys.method, "num_speculative_tokens": keys.num_speculative_tokens,
+                                                    "draft_tensor_parallel_size": keys.draft_tensor_parallel_size})
+    row.update({
+        "workload": keys.workload,
+        "concurrency": keys.concurrency,
+        "deployment_id": keys.deployment_id,
+        "kind": keys.kind or "repeat",
+        "rep_label": keys.rep_label,
+        "fingerprint": summary.fingerprint,
+        "corpus_name": summary.corpus.name,
+        "corpus_version": _str(summary.corpus.version),
+        "corpus_digest": summary.corpus.digest,
+        "valid": validity.valid,
+        "throughput_valid": validity.throughput_valid,
+        "latency_valid": validity.latency_valid,
+        "invalid_reasons": ",".join(sorted({r.code for r in validity.reasons})),
+        "invalid_details": json.dumps(reasons, sort_keys=True) if reasons else "",
+        "validity_notes": ",".join(sorted({n.code for n in validity.notes})),
+        "validity_note_details": json.dumps(notes, sort_keys=True) if notes else "",
+        "requests_attempted": summary.requests.attempted,
+        "requests_successful": summary.requests.successful,
+        "requests_failed": summary.requests.failed,
+        "success_rate": summary.requests.success_rate,
+        "missing_usage": summary.requests.missing_usage,
+        "prompt_tokens": summary.tokens.prompt,
+        "completion_tokens": summary.tokens.completion,
+        "output_tokens_per_second": summary.tokens.output_tokens_per_second,
+        "wall_seconds": summary.wall_seconds,
+        "ttft_p50_ms": summary.latency("ttft", "p50"),
+        "ttft_p95_ms": summary.latency("ttft", "p95"),
+        "ttft_mean_ms": summary.latency("ttft", "mean"),
+        "tpot_p50_ms": summary.latency("tpot", "p50"),
+        "tpot_p95_ms": summary.latency("tpot", "p95"),
+        "tpot_mean_ms": summary.latency("tpot", "mean"),
+        "e2e_p50_ms": summary.latency("e2e", "p50"),
+        "e2e_p95_ms": summary.latency("e2e", "p95"),
+        "spec_enabled": spec.enabled,
+        "acceptance_rate": spec.acceptance_rate,
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "draft_tokens": spec.draft_tokens,
+        "accepted_tokens": spec.accepted_tokens,
+        "per_position_acceptance": spec.per_position_rates(),
+        "loadgen_limited": _bool((summary.loadgen or {}).get("limited")),
+        "started_at": _str(times.started_at),
+        "ended_at": _str(times.ended_at),
+        "started_unix": to_unix(times.started_at),
+    })
+    # every other summary metric, flattened (latency stats, telemetry, server deltas, confounds, ...)
+    for section, val in summary.sections().items():
+        row.update(flatten(val, section))
+    row.update({f"confound_{k}": v for k, v in confound_fields(summary.confounds).items()})
+    row["tensor_parallel_size"] = keys.tensor_parallel_size
+    row.update(gpu_fields(summary.telemetry))
+    comp = summary.tokens.completion
+    row["energy_j_per_output_token"] = (row["gpu_energy_j"] / comp
+                                        if (row["gpu_energy_j"] is not None and comp) else None)
+    return row
+
+
+def request_rows(rows: list[dict], cell_keys: dict, deployment_id: str, chosen: bool) -> list[dict]:
+    out = []
+    for r in rows:
+        row = dict(cell_keys)
+        row["deployment_id"] = deployment_id
+        row["chosen"] = chosen
+        for name, _typ in CORE_COLUMNS["requests"]:
+            if name in row:
+                continue
+            v = r.get(name)
+            if name == "error":
+                v = _str(v)
+            row[name] = v
+        out.append(row)
+    return out
+
+
+def deployment_row(dep: DeploymentRecord | dict, source: str = "deployment.json", where: dict | None = None) -> dict:
+    """One ``deployments`` row from a deployment record or a failure record (``source="failure_record"``).
+
+    ``where`` holds what the record's path says (phase, arm, rep, kind, rep_label); the path decides kind and
+    rep_label, the record the rest."""
+    if isinstance(dep, dict):
+        dep = to_record(dep, DeploymentRecord, source)
+    where = where or {}
+    failure = dep.failure
+    t0, tr = to_unix(dep.times.start), to_unix(dep.times.ready)
+    row = arm_keys(dep.phase, dep.arm_name, dep.rep, dep.arm)
+    row.update({
+        "deployment_id": dep.deployment_id,
+        "kind": _str(first(where.get("kind"), dep.kind)) or "repeat",
+        "rep_label": _str(first(where.get("rep_label"), dep.rep_label)),
+        "source": source,
+        "status": dep.status,
+        "failure_stage": failure.stage if failure else None,
+        "failure_reason": failure.reason if failure else None,
+        "failure_error_excerpt": failure.error_excerpt if failure else None,
+        "failure_log": failure.log if failure else None,
+        "arm_spec": _str(dep.arm) if dep.arm else None,
+        "command": _str(dep.command),
+        "speculative_config": speculative_config_from_command(dep.command),
+        "hostname": dep.hostname,
+        "init_seconds": (tr - t0) if (t0 is not None and tr is not None) else None,
+        "n_cells": len(dep.cells),
+        "n_cells_ok": sum(1 for c in dep.cells if c.status in ("ok", "valid", "reused")),
+        "time_start": _str(dep.times.start),
+        "time_ready": _str(dep.times.ready),
+        "time_stop": _str(dep.times.stop),
+        "start_unix": t0,
+    })
+    row.update(confound_fields(dep.confounds, dep.cache_config))
+    row.update(startup_fields(dep))
+    for section, val in (("provenance", dep.provenance), ("confounds", dep.confounds), ("cache_config", dep.cache_config)):
+        if isinstance(val, dict):
+            row.update(flatten(val, section))
+    return row
+
+
+def speculative_config_from_command(command: Any) -> str | None:
+    """The ``--speculative-config`` JSON value of a recorded vLLM argument list (or ``None``)."""
+    if not isinstance(command, list):
+        return None
+    for i, a in enumerate(command):
+        a = str(a)
+        if a.startswith("--speculative-config="):
+            return a.split("=", 1)[1]
+        if a in ("--speculative-config", "--speculative_config") and i + 1 < len(command):
+            return str(command[i + 1])
+    return None
+
+
+def gate_row(gate: GateRecord | dict, phase: str, arm: str) -> dict:
+    """One ``gates`` row from ``gates/<phase>/<arm>.json`` (records.read_gate; a dict is read as one); the path
+    names phase and arm."""
+    if isinstance(gate, dict):
+        gate = to_record(gate, GateRecord, f"gate {phase}/{arm}")
+    control, treatment = gate.control, gate.treatment
+    control_worst = control.worst_case if control else None
+    treatment_worst = treatment.worst_case if treatment else None
+    reasons = msgspec.to_builtins(gate.reasons)
+    row = {
+        "phase": phase,
+        "arm": arm,
+        "verdict": gate.verdict,
+        "blocks_recommendation": gate.blocks_recommendation,
+        "reason_codes": ",".join(sorted({r.code for r in gate.reasons})),
+        "reasons": _str(reasons) if reasons else "",
+        "claim": gate.claim,
+        "control_kind": control.kind if control else None,
+        "control_arm": control.arm if control else None,
+        "control_worst": _str(control_worst),
+        "treatment_worst": _str(treatment_worst),
+        # the sizes each verdict rests on: a worst case over more pairs is larger by chance alone
+        "control_pairs": control.n_pairs if control else None,
+        "control_deployments": control.n_deployments if control else None,
+        "treatment_pairs": treatment.n_pairs if treatment else None,
+        "detail": "",
+    }
+    for name, val in (("control_worst", control_worst), ("treatment_worst", treatment_worst), ("margins", gate.margins)):
+        if isinstance(val, dict):
+            row.update(flatten({k: v for k, v in val.items() if not isinstance(v, list | dict)}, name))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------------
+def _read(reader, path: Path):
+    """A typed record through ``reader`` (specstudy.core.records); a malformed one is a :class:`TablesError`."""
+    try:
+        return reader(path)
+    except RecordError as exc:
+        raise TablesError(str(exc)) from exc
+
+
+def _verify_summary(path: Path, **where) -> None:
+    """Results verified, not trusted (specstudy.core.integrity): fields the schema forbids refused, the keys
+    against the path, the digest against the content."""
+    from specstudy.core import integrity
+
+    raw = json.loads(path.read_bytes())
+    integrity.verify_fields(raw, path)
+    integrity.verify_place(raw, path, **where)
+    integrity.verify_digest(raw, path)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise TablesError(f"{path}:{n}: not valid JSON ({exc}); a truncated requests file means the attempt "
+                                  "was interrupted: delete the attempt directory") from exc
+    return rows
+
+
+def _arm_dirs(results: Path):
+    for phase in PHASES:
+        pdir = results / phase
+        if not pdir.is_dir():
+            continue
+        for adir in sorted(pdir.iterdir()):
+            if not (adir.is_dir() and ARM_RE.match(adir.name)):
+                continue
+            for rdir in sorted(adir.iterdir()):
+                m = REP_RE.match(rdir.name)
+                if rdir.is_dir() and m:
+                    yield phase, adir.name, int(m[2]), rdir
+
+
+def _kind_of(label: str) -> str:
+    """``drift`` for an interleaved drift baseline (drift<n>), ``repeat`` for rep<n>: the path decides."""
+    return "drift" if label.startswith("drift") else "repeat"
+
+
+def failure_record(ddir: Path) -> DeploymentRecord:
+    """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory: its
+    ``failure.json`` (deployment.records.write_failure_record), or, where the job died between copying the launch log and
+    writing the record, a record that says so."""
+    if (ddir / "failure.json").exists():
+        return _read(read_deployment, ddir / "failure.json")
+    phase, arm, repdir, dep_id = ddir.parts[-4:]
+    logs = sorted(ddir.glob("*.log"))
+    return DeploymentRecord(deployment_id=dep_id, phase=phase, arm=parse_arm(arm) if is_arm_name(arm) else {"name": arm},
+                            rep=int(REP_RE.match(repdir)[2]), status="failed", command=None, times=DeploymentTimes(),
+                            failure=Failure(stage=None, reason="no failure record (only logs)",
+                                            log=str(logs[0]) if logs else None))
+
+
+def collect(results: str | Path) -> dict[str, list[dict]]:
+    """All table rows (unsorted, unvalidated) from a results tree."""
+    results = Path(results)
+    out: dict[str, list[dict]] = {t: [] for t in TABLE_NAMES}
+    known_deployments: set[str] = set()
+    for phase, arm, rep, rdir in _arm_dirs(results):
+        dep_path = rdir / "deployment.json"
+        spec = None
+        if dep_path.exists():
+            dep = _read(read_deployment, dep_path)
+            row = deployment_row(dep, "deployment.json", {"kind": _kind_of(rdir.name), "rep_label": rdir.name})
+            out["deployments"].append(row)
+            known_deployments.add(row["deployment_id"])
+            spec = dep.arm
+        chosen: dict[tuple[str, int], str] = {}
+        for wdir in sorted(rdir.iterdir()):
+            if not (wdir.is_dir() and WORKLOAD_RE.match(wdir.name)) or wdir.name == "attempts":
+                continue
+            for cdir in sorted(wdir.iterdir()):
+                m = CONC_RE.match(cdir.name)
+                spath = cdir / "summary.json"
+                if m and spath.exists():
+                    summary = _read(read_cell_summary, spath)
+                    _verify_summary(spath, phase=phase, arm=arm, rep=rep, rep_label=rdir.name, workload=wdir.name,
+                                    concurrency=int(m[1]))
+                    row = cell_row(summary)
+                    row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
+                    row["kind"], row["rep_label"] = _kind_of(rdir.name), rdir.name
+                    row["workload"], row["concurrency"] = wdir.name, int(m[1])
+                    out["cells"].append(row)
+                    chosen[(wdir.name, int(m[1]))] = row["deployment_id"]
+        adir = rdir / "attempts"
+        if adir.is_dir():
+            for att in sorted(p for p in adir.iterdir() if p.is_dir()):
+                for req in sorted(att.glob("*/c*/requests.jsonl")):
+                    workload, cm = req.parent.parent.name, CONC_RE.match(req.parent.name)
+                    if not cm or not WORKLOAD_RE.match(workload):
+                        continue
+                    conc = int(cm[1])
+                    keys = arm_keys(phase, arm, rep, spec)
+                    keys.update({"workload": workload, "concurrency": conc, "kind": _kind_of(rdir.name),
+                                 "rep_label": rdir.name})
+                    out["requests"].extend(request_rows(_read_jsonl(req), keys, att.name,
+                                                        chosen.get((workload, conc)) == att.name))
+    fdir = results / "deployment-failures"
+    if fdir.is_dir():
+        for ddir in sorted(p for p in fdir.glob("*/*/*/*") if p.is_dir()):
+            phase, arm, repdir, dep_id = ddir.parts[-4:]
+            m = REP_RE.match(repdir)
+            if not m or phase not in PHASES or dep_id in known_deployments:
+                continue
+            out["deployments"].append(deployment_row(failure_record(ddir), "failure_record",
+                                                     {"kind": _kind_of(repdir), "rep_label": repdir}))
+    _measuring_time(out)
+    gdir = results / "gates"
+    if gdir.is_dir():
+        for g in sorted(gdir.glob("*/*.json")):
+            out["gates"].append(gate_row(_read(read_gate, g), g.parent.name, g.stem))
+    return out
+
+
+def _measuring_time(out: dict[str, list[dict]]) -> None:
+    """Per deployment: the wall time of the cells measured on it, and its share of the deployment's time."""
+    wall: dict[str, float] = {}
+    for c in out["cells"]:
+        if c.get("deployment_id") and c.get("wall_seconds") is not None:
+            wall[c["deployment_id"]] = wall.get(c["deployment_id"], 0.0) + float(c["wall_seconds"])
+    for d in out["deployments"]:
+        m = wall.get(d.get("deployment_id")) if d.get("source") == "deployment.json" else None
+        d["measuring_seconds"] = m
+        d["measuring_share"] = m / d["deployment_seconds"] if (m is not None and d.get("deployment_seconds")) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow conversion, validation, deterministic write
+# ---------------------------------------------------------------------------------------------
+def _arrow_type(name: str):
+    import pyarrow as pa
+
+    return {
+        "string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),
+        "list<float64>": pa.list_(pa.float64()), "list<int64>": pa.list_(pa.int64()),
+    }[name]
+
+
+def _infer(values: list) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "string"
+    if all(isinstance(v, bool) for v in vals):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return "int64"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
+        return "float64"
+    return "string"
+
+
+def _coerce(v: Any, typ: str, table: str, column: str) -> Any:
+    if v is None:
+        return None
+    try:
+        if typ == "string":
+            return _str(v)
+        if typ == "bool":
+            b = _bool(v)
+            if b is None:
+                raise ValueError(v)
+            return b
+        if typ == "int64":
+            if isinstance(v, bool):
+                raise ValueError(v)
+            f = float(v)
+            if f != int(f):
+                raise ValueError(v)
+            return int(f)
+        if typ == "float64":
+            if isinstance(v, bool):
+                raise ValueError(v)
+            f = float(v)
+            return f if math.isfinite(f) else None
+        if typ.startswith("list<"):
+            if not isinstance(v, list):
+                raise ValueError(v)
+            inner = typ[5:-1]
+            return [_coerce(x, inner, table, column) for x in v]
+    except (TypeError, ValueError) as exc:
+        raise TablesError(f"table {table}: column '{column}' expects {typ}, got {v!r} "
+                          "(fix the producing record or the column declaration in specstudy.analysis.tables)") from exc
+    return v
+
+
+def column_plan(table: str, rows: list[dict]) -> list[tuple[str, str]]:
+    core = CORE_COLUMNS[table]
+    core_names = {n for n, _ in core}
+    extra = sorted({k for r in rows for k in r} - core_names)
+    return core + [(k, _infer([r.get(k) for r in rows])) for k in extra]
+
+
+def _sort_key(row: dict, keys: list[str]):
+    return tuple((row.get(k) is None, row.get(k) if row.get(k) is not None else "") for k in keys)
+
+
+def validate_rows(table: str, rows: list[dict], source: str) -> None:
+    """JSON-schema check of every row (schemas ``config/schemas/table-<table>.schema.json``)."""
+    from specstudy.core import schemas
+
+    name = f"table-{table}"
+    try:
+        schemas.load_schema(name)
+    except FileNotFoundError:
+        return
+    for i, r in enumerate(rows):
+        schemas.validate(r, name, f"{source} (row {i} of table {table})")
+
+
+def build_table(table: str, rows: list[dict]):
+    import pyarrow as pa
+
+    plan = column_plan(table, rows)
+    rows = sorted(rows, key=lambda r: _sort_key(r, SORT_KEYS[table]))
+    fields, arrays = [], []
+    for name, typ in plan:
+        t = _arrow_type(typ)
+        fields.append(pa.field(name, t))
+        arrays.append(pa.array([_coerce(r.get(name), typ, table, name) for r in rows], type=t))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def table_bytes(tbl) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(tbl.replace_schema_metadata(None), buf, compression="zstd", compression_level=3,
+                   use_dictionary=True, write_statistics=True, store_schema=True, version="2.6")
+    return buf.getvalue()
+
+
+def build_tables(results: str | Path, out: str | Path) -> dict[str, Path]:
+    from specstudy.core import atomic
+
+    collected = collect(results)
+    written = {}
+    for table in TABLE_NAMES:
+        rows = collected[table]
+        validate_rows(table, rows, str(results))
+        tbl = build_table(table, rows)
+        written[table] = atomic.write_bytes(Path(out) / f"{table}.parquet", table_bytes(tbl))
+    return written
+
+
+def read_tables(tables: str | Path) -> dict:
+    """The four tables as pandas DataFrames (missing files give empty frames with the core columns)."""
+    import pandas as pd
+
+    out = {}
+    for table in TABLE_NAMES:
+        p = Path(tables) / f"{table}.parquet"
+        if p.exists():
+            out[table] = pd.read_parquet(p)
+        else:
+            out[table] = pd.DataFrame({n: pd.Series(dtype="object") for n, _ in CORE_COLUMNS[table]})
+    return out
+
+
+def _cmd_tables(args) -> int:
+    if not Path(args.results).is_dir():
+        from specstudy.core.errors import UserError
+
+        raise UserError(f"--results {args.results}: no such results directory (run from the study's working "
+                        "directory, or pass the directory that holds screen/, confirm/, gates/)")
+    written = build_tables(args.results, args.out)
+    for t, p in written.items():
+        print(f"{t}: {p}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tables", help="rebuild the Parquet tables from raw result artifacts")
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    p.add_argument("--out", default="results/tables", help="output directory (default: results/tables)")
+    p.set_defaults(func=_cmd_tables)

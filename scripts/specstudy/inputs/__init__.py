@@ -1,0 +1,9 @@
+"""What a study is built from; imports ``core`` and ``inference``.
+
+- :mod:`.corpus` — the workloads' prompt corpora (build, token statistics);
+- :mod:`.heldout` — the fixture draft's acceptance on held-out text;
+- :mod:`.fixture_models` — the tiny target/draft pair of the embedded default;
+- :mod:`.scale_model` — that pair widened to an 8B/1B shape (the GPU scale-model study);
+- :mod:`.random_model` — random-weights models for the mechanics point;
+- :mod:`.arctic_build` — arctic-inference built into a directory of its own (suffix decoding).
+"""

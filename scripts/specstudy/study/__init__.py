@@ -1,0 +1,15 @@
+"""What is to run, declared and checked before anything runs; imports ``core``, ``inference``, ``inputs``.
+
+- :mod:`.config` — the study config: load, schema, cross-field checks, the effective-config files;
+- :mod:`.prereg` — the pre-registration: its file read and every section checked;
+- :mod:`.prereg_guard` — the pre-registration lock, checked at every parse;
+- :mod:`.selection_lock` — the selection locked by the confirmation plan, and its verification;
+- :mod:`.template_args` — per-workload chat-template switches;
+- :mod:`.extensions` — the opt-in phases' declarations (config, checks, designs);
+- :mod:`.engine_methods` — the recorded probe of which speculative methods the engine serves;
+- :mod:`.plan` — the factorial of deployments and cells, and their counterbalanced order;
+- :mod:`.cost` and :mod:`.duty` — the study's cost preview and the duty cycle it is estimated from;
+- :mod:`.plan_cli` — ``specstudy plan`` (plan, lock, ``--cost``);
+- :mod:`.checkconfig`, :mod:`.preflight`, :mod:`.rerun` — ``check-config``, the workflow's preflight,
+  ``specstudy rerun``.
+"""

@@ -1,0 +1,153 @@
+"""Loading and checking the study config (the pre-registration it names: :mod:`specstudy.study.prereg`).
+
+Schema errors name the file and the field; semantic checks (things a JSON schema cannot say)
+name the field and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from specstudy.core import schemas
+from specstudy.core.errors import ConfigError
+
+__all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
+           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load_yaml(path: Path, what: str = "file") -> Any:
+    """specstudy's own reader (studyyaml): duplicate keys, non-finite numbers, YAML errors and non-UTF-8
+    bytes name the file and the line."""
+    from specstudy.core.studyyaml import StudyYamlError, load
+
+    try:
+        return load(path, what)
+    except StudyYamlError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _scale_model_problems(cfg: dict, source: str) -> list[str]:
+    """The scale model's shapes must embed the fixture pair exactly (scale_model.check_plan), refused at check time."""
+    section = cfg.get("scale_model") or {}
+    if not section.get("build"):
+        return []
+    from specstudy.inputs import fixture_models, scale_model
+
+    fixture = cfg.get("fixture_models") or {}
+    if not fixture.get("build"):
+        return ["field 'scale_model.build': the scale model is widened from the fixture pair; set fixture_models.build: true"]
+    draft = fixture_models.DRAFT_PRESETS[fixture.get("draft_preset", "default")]
+    try:
+        scale_model.check_plan(section, {"target": fixture_models.TARGET, "draft": draft}, source)
+    except scale_model.ScaleModelError as exc:
+        return [f"field 'scale_model': {exc}"]
+    return []
+
+
+def check_config(cfg: dict, source: str = "<config>") -> dict:
+    """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
+    try:
+        schemas.validate(cfg, "config", source)
+    except schemas.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    problems = []
+    arms = cfg["arms"]
+    methods = arms["methods"]
+    if "baseline" not in methods:
+        problems.append("field 'arms.methods': must include 'baseline' (every comparison is against it); add baseline")
+    spec_methods = [m for m in methods if m != "baseline"]
+    if spec_methods and not arms.get("num_speculative_tokens"):
+        problems.append("field 'arms.num_speculative_tokens': required when a speculative method is listed; e.g. [2, 3, 5, 8]")
+    if "draft_model" in methods:
+        if not (cfg["engine"].get("draft") or {}).get("path"):
+            problems.append("field 'engine.draft.path': required for method draft_model; set the draft model directory")
+        if not arms.get("draft_tensor_parallel_size"):
+            problems.append("field 'arms.draft_tensor_parallel_size': required for method draft_model; e.g. [1, 4]")
+    for ngm in [m for m in ("ngram", "ngram_gpu") if m in methods][:1]:
+        ng = arms.get("ngram") or {}
+        lo, hi = ng.get("prompt_lookup_min"), ng.get("prompt_lookup_max")
+        if lo is None or hi is None:
+            problems.append(f"field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method {ngm}")
+        elif lo > hi:
+            problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
+    if arms.get("suffix") and "suffix" not in methods:
+        problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
+    record = cfg["engine"].get("methods_record")
+    if record and not methods_record_path(cfg).is_file():
+        problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
+                        f"`specstudy engine probe-methods --config {source} --out {record}`")
+    drift = (cfg.get("plan") or {}).get("drift_cell")
+    if drift:
+        if drift["workload"] not in cfg["corpora"]["workloads"]:
+            problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
+                            f"({', '.join(cfg['corpora']['workloads'])})")
+    problems.extend(_scale_model_problems(cfg, source))
+    from specstudy.inference.decision import MOVED_TO_TRAFFIC
+
+    for k, dest in MOVED_TO_TRAFFIC.items():
+        if k in (cfg.get("recommendation") or {}):
+            problems.append(f"field 'recommendation.{k}': no longer read from the config; declare it in the "
+                            f"pre-registration as '{dest}' (locked by its hash before screening) and remove it here")
+    cap = cfg.get("capacity") or {}
+    if cap.get("enabled") and cap.get("workload") not in cfg["corpora"]["workloads"]:
+        problems.append(f"field 'capacity.workload': {cap.get('workload')!r} is not a workload in corpora.workloads")
+    if problems:
+        raise ConfigError(f"{source}: invalid study config:\n  - " + "\n  - ".join(problems))
+    # Chat-template switches (docs/thinking.md): checked against the template here where it is readable;
+    # a target not built yet defers that part to the plan command and the deployment job.
+    from specstudy.study.template_args import check_workload_options
+
+    check_workload_options(cfg, source, require_template=False)
+    return cfg
+
+
+def load_config(path: str | Path) -> dict:
+    path = Path(path)
+    cfg = _load_yaml(path, "study config")
+    if not isinstance(cfg, dict):
+        kind = "empty" if cfg is None else f"a {type(cfg).__name__}"
+        raise ConfigError(f"{path}: line 1: the study config is {kind}, not a mapping; it must be a mapping with "
+                          "keys study, engine, corpora, cells, arms, screen")
+    if "study" not in cfg and {"selection", "confirmation", "gate"} & set(cfg):
+        raise ConfigError(f"{path}: this is a pre-registration (keys {', '.join(sorted(cfg))}), not a study config; "
+                          "pass the study config that names it under study.preregistration (e.g. config/config.yaml)")
+    return check_config(cfg, str(path))
+
+
+#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search,
+#: the workloads' chat-template switches).
+DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity", "workload_options")
+
+
+def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str, str]:
+    """The workflow's effective config as content-addressed files, ``{path: text}`` (written by the
+    rule ``effective_config``, never while the workflow is parsed): ``<hash>.json`` holds the whole
+    config (plans, selection, report); ``deployment-<hash>.json`` only :data:`DEPLOYMENT_SECTIONS`, so
+    that a change elsewhere (analysis, report) does not re-run a capacity search."""
+    import hashlib
+    import json
+
+    out = {}
+    for prefix, data in (("", cfg), ("deployment-", {k: cfg[k] for k in DEPLOYMENT_SECTIONS if k in cfg})):
+        text = json.dumps(data, sort_keys=True, indent=1)
+        out[f"{root}/{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"] = text
+    return out
+
+
+def methods_record_path(cfg: dict) -> Path | None:
+    """``engine.methods_record``: relative to the working directory, else to the repository (as the
+    pre-registration: a study run from another directory still finds the shipped record)."""
+    record = (cfg.get("engine") or {}).get("methods_record")
+    if not record:
+        return None
+    p = Path(record)
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
+def resolved(cfg: dict) -> dict:
+    """A deep copy safe to serialize (used for params and the report)."""
+    return copy.deepcopy(cfg)

