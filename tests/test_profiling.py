@@ -14,7 +14,7 @@ from specstudy.cli import main as cli_main
 from specstudy.core import atomic
 from specstudy.core.errors import UserError
 from specstudy.deployment import launch, readiness
-from specstudy.phases import profiling
+from specstudy.phases import profile as profiling
 
 SERVER_LOCK = "/tmp/specstudy-vllm.lock"
 

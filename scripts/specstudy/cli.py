@@ -34,7 +34,7 @@ COMMAND_MODULES = [
     "inputs.scale_model",
     "mechanics.point",
     "phases.ignore_eos",
-    "phases.profiling",
+    "phases.profile",
     "study.rerun",
     "analysis.check_results",
     "study.checkconfig",

@@ -1,4 +1,5 @@
-"""Greedy correctness gate: captures, pairwise comparisons, calibration controls and verdicts.
+"""Greedy correctness gate: captures (and the capture files' helpers), pairwise comparisons, calibration
+controls and verdicts.
 
 Independently launched vLLM deployments do not reproduce each other's greedy tokens, so a
 baseline-vs-speculative comparison is judged against a *control*: the divergence between two
@@ -74,11 +75,14 @@ class GateInputError(ValueError):
 # --------------------------------------------------------------------------- capture
 
 
-def _now() -> str:
+# The capture files' helpers, shared with the sampled captures (specstudy.phases.sampling).
+def captured_at() -> str:
+    """A capture's ``started_at`` / ``ended_at``: UTC, to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _sha256(text: str | None) -> str | None:
+def text_sha256(text: str | None) -> str | None:
+    """A captured output's ``output_sha256`` (None for no output)."""
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -117,11 +121,11 @@ def capture_greedy(
                 max_tokens=int(row["max_tokens"]),
             )
         )
-    started = _now()
+    started = captured_at()
     result = loadgen.run_closed_loop(
         base_url, model, specs, concurrency=1, temperature=0.0, seed=seed, keep_text=True, api_key=api_key
     )
-    ended = _now()
+    ended = captured_at()
     by_id = {r.get("prompt_id"): r for r in result.rows}
     out_rows = []
     for spec in specs:
@@ -145,7 +149,7 @@ def capture_greedy(
             "success": success,
             "error": None if success else str(r.get("error") or f"unsuccessful (status {r.get('status_code')})"),
             "max_tokens": spec.max_tokens,
-            "output_sha256": _sha256(text),
+            "output_sha256": text_sha256(text),
             "output_chars": None if text is None else len(text),
         })
     record = {
@@ -201,7 +205,7 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
             "success": success,
             "error": m.get("error") if not success else None,
             "max_tokens": max_tokens.get(pid),
-            "output_sha256": m.get("output_sha256") or _sha256(text),
+            "output_sha256": m.get("output_sha256") or text_sha256(text),
             "output_chars": None if text is None else len(text),
         })
     sampling = data.get("sampling") or {}
@@ -221,13 +225,16 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
     }
 
 
-def _read_json(path: str | os.PathLike) -> Any:
+def read_capture_json(path: str | os.PathLike, error: type[Exception] | None = None) -> Any:
+    """A capture or record file's JSON; a missing or broken file raises ``error`` (default GateInputError)
+    naming the path."""
+    error = error or GateInputError
     try:
         return atomic.read_json(path)
     except FileNotFoundError:
-        raise GateInputError(f"{path}: file not found") from None
+        raise error(f"{path}: file not found") from None
     except json.JSONDecodeError as exc:
-        raise GateInputError(f"{path}: not valid JSON ({exc})") from None
+        raise error(f"{path}: not valid JSON ({exc})") from None
 
 
 def _is_deployment(data: Any) -> bool:
@@ -244,7 +251,7 @@ def load_capture(path_or_record: str | os.PathLike | dict, *, source: str | None
     if isinstance(path_or_record, dict):
         data, src = path_or_record, source or "<capture>"
     else:
-        data, src = _read_json(path_or_record), str(path_or_record)
+        data, src = read_capture_json(path_or_record), str(path_or_record)
     if not isinstance(data, dict):
         raise GateInputError(f"{src}: top level must be a JSON object (a greedy capture)")
     if data.get("schema") != CAPTURE_SCHEMA and "cases" in data and "schema_version" in data:
@@ -475,7 +482,7 @@ def _expand(items, role: str) -> tuple[list[tuple[dict, str]], list[dict]]:
             data, label, path = item, f"<{role}:{item.get('deployment_id', '?')}>", None
         else:
             path = Path(item)
-            data, label = _read_json(path), str(path)
+            data, label = read_capture_json(path), str(path)
         if not isinstance(data, dict):
             raise GateInputError(f"{label}: top level must be a JSON object (capture or deployment.json)")
         if data.get("schema") == CAPTURE_SCHEMA or "cases" in data:
@@ -823,7 +830,7 @@ def _cmd_judge(args) -> int:
 def _cmd_capture(args) -> int:
     try:
         prompts = atomic.read_jsonl(args.prompts)
-        corpus = _read_json(args.corpus) if args.corpus else {"name": Path(args.prompts).parent.parent.name,
+        corpus = read_capture_json(args.corpus) if args.corpus else {"name": Path(args.prompts).parent.parent.name,
                                                              "version": Path(args.prompts).parent.name, "digest": None}
         if args.limit:
             prompts = prompts[: args.limit]

@@ -1,6 +1,8 @@
-"""Atomic file writes: every result is written to a temporary sibling and renamed into place.
+"""Result files on disk: atomic writes, the one JSON reader and the file hasher.
 
-A reader (or Snakemake with ``--keep-incomplete``) therefore never sees a half-written file.
+Every result is written to a temporary sibling and renamed into place, so a reader (or Snakemake with
+``--keep-incomplete``) never sees a half-written file. Standard library only: the GPU staging imports it
+before anything is installed.
 """
 
 from __future__ import annotations

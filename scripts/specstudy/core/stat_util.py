@@ -1,4 +1,5 @@
-"""Percentiles: the one definition every module uses (stdlib only, so the load generator need not import numpy).
+"""Percentiles and the median: the one definition of each that every module uses (stdlib only, so the load
+generator need not import numpy).
 
 Two definitions, chosen with ``method=``:
 
@@ -11,7 +12,9 @@ Two definitions, chosen with ``method=``:
 - ``"nearest_rank"``: the smallest value with at least q % of the values at or below it,
   ``x[max(1, ceil(q / 100 * n)) - 1]``; always one of the values. Corpus length statistics use it.
 
-``None`` values are dropped; no values give ``None``.
+``None`` values are dropped; no values give ``None``. :func:`median` is the 50th percentile's usual
+form (the mean of the two middle values for an even count, as ``numpy.median`` and ``statistics.median``),
+with ``None`` and NaN dropped.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def percentile(values: Iterable[float | None], q: float, method: str = "linear")
     a, b = xs[i], xs[i + 1]
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are numbers (``None`` and NaN dropped); no values give ``None``."""
+    import statistics
+
+    xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return float(statistics.median(xs)) if xs else None
 
 
 def finite_or_none(x) -> float | None:

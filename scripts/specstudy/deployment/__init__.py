@@ -16,7 +16,7 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
 - :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
 - :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
 - :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);
-- :mod:`.server_watch` — notices a server's death mid-deployment.
+- :mod:`.watch` — notices a server's death mid-deployment.
 
 ``/metrics`` is fetched and parsed in one place, :mod:`specstudy.measure.prom`.
 """

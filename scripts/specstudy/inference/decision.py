@@ -1,4 +1,4 @@
-"""The pre-registered decision rule: three-way cell verdicts, adaptive confirmation, decision stability.
+"""The pre-registered decision rule: its checks, cell verdicts, adaptive confirmation, stability, the recommendation.
 
 Cell verdicts (issue #15). For every declared workload × concurrency of a candidate, the interval of
 the geometric-mean speedup (Student-t on per-deployment log ratios, paired by round) is compared with
@@ -32,8 +32,9 @@ checkpoint after each confirmation round, which reads files, is :mod:`specstudy.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any
+
+from specstudy.inference.intervals import log_interval, t_quantile
 
 VERDICTS = ("gain", "non_inferior", "inconclusive", "regression", "missing")
 CORRECTIONS = ("bonferroni", "obrien_fleming", "none")
@@ -217,24 +218,6 @@ def confidence_at(rule: dict, n: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # Intervals and verdicts
 # ---------------------------------------------------------------------------------------------
-@lru_cache(maxsize=4096)
-def t_quantile(df: int, confidence: float) -> float:
-    from scipy import stats as st
-
-    return float(st.t.ppf(0.5 + confidence / 2, df))
-
-
-def log_interval(logs: list[float], confidence: float) -> tuple[float, float, float, float] | None:
-    """(mean, sd, lo, hi) of the Student-t interval on log ratios; lo/hi on the ratio scale."""
-    n = len(logs)
-    if n < 2:
-        return None
-    m = sum(logs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
-    h = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
-    return m, sd, math.exp(m - h), math.exp(m + h)
-
-
 def verdict(lo: float | None, hi: float | None, min_gain: float, max_regression: float) -> str:
     """Three-way verdict (plus gain) of an interval [lo, hi] of a speedup; works on floats only."""
     if lo is None or hi is None:

@@ -22,18 +22,29 @@ from typing import Any
 from specstudy.core.stat_util import percentile
 
 
-def t_log_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of the geometric mean of positive ratios (log scale, n-1 df)."""
-    import numpy as np
+@lru_cache(maxsize=4096)
+def t_quantile(df: int, confidence: float) -> float:
     from scipy import stats as st
 
-    x = np.log(np.asarray(values, dtype=float))
-    n = len(x)
+    return float(st.t.ppf(0.5 + confidence / 2, df))
+
+
+def log_interval(logs: list[float], confidence: float) -> tuple[float, float, float, float] | None:
+    """(mean, sd, lo, hi) of the Student-t interval on log ratios; lo/hi on the ratio scale."""
+    n = len(logs)
     if n < 2:
         return None
-    m, s = float(x.mean()), float(x.std(ddof=1))
-    h = float(st.t.ppf(0.5 + confidence / 2, n - 1)) * s / math.sqrt(n)
-    return math.exp(m - h), math.exp(m + h)
+    m = sum(logs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+    h = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
+    return m, sd, math.exp(m - h), math.exp(m + h)
+
+
+def t_log_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Student-t interval of the geometric mean of positive ratios (log scale, n-1 df): :func:`log_interval`'s
+    bounds on the ratio scale."""
+    iv = log_interval([math.log(float(v)) for v in values], confidence)
+    return None if iv is None else (iv[2], iv[3])
 
 
 @lru_cache(maxsize=8)

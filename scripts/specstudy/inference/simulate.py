@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specstudy.inference.intervals import t_quantile
+
 SCENARIOS: dict[str, str] = {
     "lognormal": "log ratio ~ Normal(0, σ)",
     "skewed": "log ratio ~ −σ(Gamma(2)−2)/√2 (long tail of slow deployments, skewness −1.41)",
@@ -84,7 +86,6 @@ def coverage(n: int, method: str = "t_log", scenario: str = "lognormal", sims: i
     """Share of simulated studies of ``n`` deployments whose interval covers the true geometric-mean effect."""
     import numpy as np
 
-    from specstudy.inference.decision import t_quantile
     from specstudy.inference.intervals import bootstrap_interval
 
     rng = np.random.default_rng(seed)
@@ -122,10 +123,9 @@ _CODES = {"missing": 0, "regression": 1, "inconclusive": 2, "non_inferior": 3, "
 
 
 def _interval(logs, confidence: float):
-    """Vectorized t interval over axis 1 (rounds): (mean, lo, hi) on the log scale."""
+    """:func:`specstudy.inference.intervals.log_interval` vectorized over axis 1 (rounds): (mean, lo, hi,
+    median) on the log scale."""
     import numpy as np
-
-    from specstudy.inference.decision import t_quantile
 
     n = logs.shape[1]
     m = logs.mean(axis=1)

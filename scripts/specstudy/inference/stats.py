@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specstudy.core.stat_util import median
 from specstudy.inference.intervals import describe
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -175,17 +176,10 @@ def _opt_int(v):
     return None if v is None else int(v)
 
 
-def _median(vals):
-    import numpy as np
-
-    vals = [v for v in vals if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
 def _absolute(repeats: list[dict]) -> dict:
     keys = ("arm_otps", "base_otps", "arm_tpot_ms", "base_tpot_ms", "arm_ttft_ms", "base_ttft_ms",
             "acceptance_rate", "mean_acceptance_length")
-    return {k: _median([r.get(k) for r in repeats]) for k in keys}
+    return {k: median([r.get(k) for r in repeats]) for k in keys}
 
 
 def excluded_cells(cells) -> list[dict]:

@@ -378,7 +378,7 @@ def _equivalent_record(out: Path, rec: dict) -> Path | None:
 def _launch_and_wait_ready(job: _Job) -> bool:
     """Start the server and wait until it serves; then watch it (death watch, idle watchdog).
     A server that never becomes ready is a failed deployment (False), not an error of the job."""
-    from specstudy.deployment.server_watch import ServerDeathWatch
+    from specstudy.deployment.watch import ServerDeathWatch
 
     try:
         job.progress.phase("launch")
@@ -506,7 +506,7 @@ def _engine_vllm_version(job: _Job) -> str:
 
 def _with_profiler(job: _Job) -> dict:
     """The engine settings with vLLM's torch profiler on, writing its traces into the attempt."""
-    from specstudy.phases import profiling
+    from specstudy.phases import profile as profiling
 
     trace_dir = (job.attempt / "profile" / "traces").resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -519,7 +519,7 @@ def _with_profiler(job: _Job) -> dict:
 
 
 def _profile_start(job: _Job) -> None:
-    from specstudy.phases import profiling
+    from specstudy.phases import profile as profiling
 
     job.progress.phase("profile", "start")
     profiling.start(job.server.base_url, api_key=job.eng.get("api_key"))
@@ -528,7 +528,7 @@ def _profile_start(job: _Job) -> None:
 
 def _profile_stop(job: _Job) -> None:
     """Stop the profiler (it writes the traces), then classify the traces' time (kept beside them)."""
-    from specstudy.phases import profiling
+    from specstudy.phases import profile as profiling
 
     job.progress.phase("profile", "stop and write traces")
     profiling.stop(job.server.base_url, api_key=job.eng.get("api_key"))

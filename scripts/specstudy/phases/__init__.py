@@ -4,6 +4,6 @@
 - :mod:`.sampling_phase` — the sampling phase's summary, report section and ``specstudy sampling``;
 - :mod:`.ignore_eos` — the fixed-length phase beside natural EOS;
 - :mod:`.memory` — the memory phase (KV capacity and its steps);
-- :mod:`.profiling` — the ``profile`` phase (engine traces);
+- :mod:`.profile` — the ``profile`` phase (engine traces);
 - :mod:`.extension_cli` — ``specstudy extension gate|summary`` from a phase's plan and records.
 """

@@ -146,7 +146,7 @@ def summarize(phase: str, plan_path: str | Path, cfg: dict, prereg: dict, result
             knees[d["arm"]] = str(knee) if join and knee.exists() else None
         summary = memory.summarize([r for r in recs if r], knees, out)
     else:
-        from specstudy.phases import profiling
+        from specstudy.phases import profile as profiling
 
         recs = [_artifact(d, "profile") for d in files["deployments"]]
         summary = profiling.summary([r for r in recs if r], out)

@@ -34,11 +34,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
 from specstudy.core.errors import UserError
+from specstudy.core.stat_util import finite_or_none, median
 
 PHASE = "ignore_eos"
 NATURAL_PHASE = "confirm"
@@ -201,8 +201,8 @@ def _read(paths: list, phase: str, source: str, output_tokens: int | None) -> li
 # Analysis
 # ---------------------------------------------------------------------------------------------
 def _median(vals) -> float | None:
-    vals = [float(v) for v in vals if v is not None and math.isfinite(float(v))]
-    return statistics.median(vals) if vals else None
+    """The median of the finite values (infinities dropped too)."""
+    return median(finite_or_none(v) for v in vals)
 
 
 def zone(speedup: float | None, rule: dict) -> str | None:

@@ -36,16 +36,14 @@ summary and report section live in :mod:`specstudy.phases.sampling_phase`. CLI: 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
+from specstudy.analysis.gate import captured_at, read_capture_json, text_sha256
 from specstudy.core import atomic, schemas
 from specstudy.study.prereg import SamplingInputError, check_sampling
 
@@ -89,21 +87,12 @@ DEFINITIONS = {
 # --------------------------------------------------------------------------- captures
 
 
-def _read_json(path: str | os.PathLike) -> Any:
-    try:
-        return atomic.read_json(path)
-    except FileNotFoundError:
-        raise SamplingInputError(f"{path}: file not found") from None
-    except json.JSONDecodeError as exc:
-        raise SamplingInputError(f"{path}: not valid JSON ({exc})") from None
-
-
 def load_sampled_capture(path_or_record: str | os.PathLike | dict, *, source: str | None = None) -> dict:
     """Load and validate a sampled capture (schema ``sampled-capture``); errors name the file and field."""
     if isinstance(path_or_record, dict):
         data, src = path_or_record, source or "<sampled capture>"
     else:
-        data, src = _read_json(path_or_record), str(path_or_record)
+        data, src = read_capture_json(path_or_record, SamplingInputError), str(path_or_record)
     if not isinstance(data, dict):
         raise SamplingInputError(f"{src}: top level must be a JSON object (a sampled capture)")
     if data.get("schema") == GREEDY_CAPTURE_SCHEMA:
@@ -124,14 +113,6 @@ def load_sampled_capture(path_or_record: str | os.PathLike | dict, *, source: st
                                      "twice; each (prompt_id, seed) request must appear once")
         seen.add(key)
     return data
-
-
-def _sha256(text: str | None) -> str | None:
-    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def capture_sampled(
@@ -194,10 +175,10 @@ def capture_sampled(
                 extra_body={"seed": int(seed), "temperature": float(temperature), "top_p": float(top_p),
                             "return_token_ids": True}))
             keys.append((pid, int(seed), max_tokens))
-    started = _now()
+    started = captured_at()
     result = loadgen.run_closed_loop(base_url, model, specs, concurrency, temperature=float(temperature), seed=None,
                                      keep_text=True, api_key=api_key, request_timeout_s=request_timeout_s)
-    ended = _now()
+    ended = captured_at()
     by_index = {r["request_index"]: r for r in result.rows}
     out_rows = []
     for i, (pid, seed, max_tokens) in enumerate(keys):
@@ -215,7 +196,7 @@ def capture_sampled(
             "completion_token_ids": None if ids is None else list(ids), "prompt_tokens": r.get("prompt_tokens"),
             "finish_reason": r.get("finish_reason"), "success": success,
             "error": None if success else str(r.get("error") or f"unsuccessful (status {r.get('status_code')})"),
-            "output_sha256": _sha256(text), "output_chars": None if text is None else len(text),
+            "output_sha256": text_sha256(text), "output_chars": None if text is None else len(text),
         })
     record = {
         "schema": CAPTURE_SCHEMA,

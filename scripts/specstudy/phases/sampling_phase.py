@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic, records, schemas
+from specstudy.core.stat_util import median
 from specstudy.phases.sampling import STATISTICS, SamplingInputError
 
 SUMMARY_SCHEMA = "specstudy.sampling-summary/1"
@@ -99,10 +99,6 @@ def _verdict_row(path: str, g: records.SamplingGateRecord) -> dict:
 # --------------------------------------------------------------------------- performance
 
 
-def _median(values: list[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or not (a > 0 and b > 0):
         return None
@@ -157,12 +153,12 @@ def _figures(cells: list[tuple[str, records.CellSummary]], source: str, excluded
 def _side(acc: dict, arm: str, workload: str, concurrency: int) -> dict:
     slot = acc.get((arm, workload, concurrency)) or {"tpot": [], "tps": [], "deployments": set()}
     base = acc.get(("baseline", workload, concurrency)) or {"tpot": [], "tps": []}
-    tpot, tps = _median(slot["tpot"]), _median(slot["tps"])
+    tpot, tps = median(slot["tpot"]), median(slot["tps"])
     is_base = arm == "baseline"
     return {"n_deployments": len(slot["deployments"]), "n_tpot": len(slot["tpot"]), "n_throughput": len(slot["tps"]),
             "tpot_p50_ms": tpot, "output_tokens_per_second": tps,
-            "tpot_ratio_to_baseline": None if is_base else _ratio(tpot, _median(base["tpot"])),
-            "throughput_ratio_to_baseline": None if is_base else _ratio(tps, _median(base["tps"]))}
+            "tpot_ratio_to_baseline": None if is_base else _ratio(tpot, median(base["tpot"])),
+            "throughput_ratio_to_baseline": None if is_base else _ratio(tps, median(base["tps"]))}
 
 
 def _arm_order(arm: str) -> tuple:

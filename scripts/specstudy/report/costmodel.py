@@ -37,19 +37,13 @@ when present, the mechanics point (``results/mechanics/mechanics.json``) and the
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from specstudy.core.stat_util import median
+
 SOURCES = ("profile", "mechanics", "memory-bound")
 DRAFT_CATEGORIES = ("draft_forward", "ngram_proposal")
-
-
-def _median(vals) -> float | None:
-    import numpy as np
-
-    vals = [float(v) for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return float(np.median(vals)) if vals else None
 
 
 def expected_length(alpha: float, k: int) -> float:
@@ -90,7 +84,7 @@ def draft_size_ratios(deployments: list[dict]) -> dict[str, float | None]:
         methods[d["arm"]] = d.get("method")
         if d.get("model_loading_gib") is not None:
             loading.setdefault(d["arm"], []).append(float(d["model_loading_gib"]))
-    base = _median(loading.get("baseline", []))
+    base = median(loading.get("baseline", []))
     out: dict[str, float | None] = {}
     for arm, method in methods.items():
         if arm == "baseline":
@@ -98,7 +92,7 @@ def draft_size_ratios(deployments: list[dict]) -> dict[str, float | None]:
         if method != "draft_model":
             out[arm] = 0.0
             continue
-        mine = _median(loading.get(arm, []))
+        mine = median(loading.get(arm, []))
         out[arm] = (mine - base) / base if (mine is not None and base) else None
     return out
 
@@ -134,11 +128,11 @@ def _cell_medians(cells: list[dict], phase: str) -> dict[tuple[str, str, int], d
     for key, cs in groups.items():
         steps = [c["tpot_p50_ms"] * c["mean_acceptance_length"] for c in cs
                  if c.get("mean_acceptance_length") is not None]
-        out[key] = {"n": len(cs), "tpot_ms": _median(c["tpot_p50_ms"] for c in cs),
-                    "otps": _median(c.get("output_tokens_per_second") for c in cs),
-                    "length": _median(c.get("mean_acceptance_length") for c in cs),
-                    "alpha": _median(c.get("acceptance_rate") for c in cs),
-                    "step_ms": _median(steps), "method": cs[0].get("method"),
+        out[key] = {"n": len(cs), "tpot_ms": median(c["tpot_p50_ms"] for c in cs),
+                    "otps": median(c.get("output_tokens_per_second") for c in cs),
+                    "length": median(c.get("mean_acceptance_length") for c in cs),
+                    "alpha": median(c.get("acceptance_rate") for c in cs),
+                    "step_ms": median(steps), "method": cs[0].get("method"),
                     "k": cs[0].get("num_speculative_tokens")}
     return out
 
@@ -151,14 +145,14 @@ def cost_model(cells: list[dict], deployments: list[dict] | None = None, *, phas
     shares, mech = _profile_shares(profile), _mechanics_verify(mechanics)
     base_step = {}  # concurrency → T_b pooled over workloads
     for c in sorted({c for (arm, _w, c) in med if arm == "baseline"}):
-        base_step[c] = _median(m["tpot_ms"] for (arm, _w, cc), m in med.items() if arm == "baseline" and cc == c)
+        base_step[c] = median(m["tpot_ms"] for (arm, _w, cc), m in med.items() if arm == "baseline" and cc == c)
     steps, predictions = [], []
     arms = sorted({arm for (arm, _w, _c) in med if arm != "baseline"})
     for arm in arms:
         for c in sorted({cc for (a, _w, cc) in med if a == arm}):
             ms = [m for (a, _w, cc), m in med.items() if a == arm and cc == c]
             k, method = ms[0]["k"], ms[0]["method"]
-            t_b, t_s = base_step.get(c), _median(m["step_ms"] for m in ms)
+            t_b, t_s = base_step.get(c), median(m["step_ms"] for m in ms)
             if t_b is None or t_s is None or not k:
                 continue
             k = int(k)
@@ -182,7 +176,7 @@ def cost_model(cells: list[dict], deployments: list[dict] | None = None, *, phas
                     "size_model_step_ms": size_step, "break_even_length": be,
                     "break_even_alpha": break_even_alpha(be, k), "reachable": be <= k + 1,
                     "size_model_break_even_length": (size_step / t_b) if size_step is not None else None,
-                    "measured_length": _median(lengths)}
+                    "measured_length": median(lengths)}
             steps.append(step)
             for (a, w, cc), m in sorted(med.items()):
                 if a != arm or cc != c or m["length"] is None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core.records import SelectionRecord, read_selection
+from specstudy.core.stat_util import median
 from specstudy.report.plots import _plt, _save, plot_caption
 
 Block = tuple
@@ -496,13 +497,6 @@ def _capacity_section(B, results: Path, out: Path) -> None:
             B.append(("img", f"plots/capacity-{arm}.png", plot_caption(f"capacity-{arm}", arm)))
 
 
-def _median(vals: list) -> float | None:
-    import numpy as np
-
-    vals = [v for v in vals if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
 STARTUP_COLS = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
 
 
@@ -521,12 +515,12 @@ def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
         for (phase, arm), cs in sorted(_group(gpu_cells, ("phase", "arm")).items()):
             rows.append([phase, arm, len(cs), "/".join(sorted({str(c.get("gpu_telemetry_source")) for c in cs})),
                          _f(max(c["gpu_count"] for c in cs), "{:.0f}"),
-                         _f(_median([c.get("gpu_memory_used_mib_mean") for c in cs]), "{:,.0f}"),
+                         _f(median([c.get("gpu_memory_used_mib_mean") for c in cs]), "{:,.0f}"),
                          _f(max((c.get("gpu_memory_used_mib_max") or 0) for c in cs) or None, "{:,.0f}"),
-                         _f(_median([c.get("gpu_utilization_pct_mean") for c in cs]), "{:.1f}"),
-                         _f(_median([c.get("gpu_power_w_mean") for c in cs]), "{:.0f}"),
+                         _f(median([c.get("gpu_utilization_pct_mean") for c in cs]), "{:.1f}"),
+                         _f(median([c.get("gpu_power_w_mean") for c in cs]), "{:.0f}"),
                          _f(max((c.get("gpu_power_w_max") or 0) for c in cs) or None, "{:.0f}"),
-                         _f(_median([c.get("gpu_sm_clock_mhz_mean") for c in cs]), "{:.0f}"),
+                         _f(median([c.get("gpu_sm_clock_mhz_mean") for c in cs]), "{:.0f}"),
                          _f(max((c.get("gpu_temperature_c_max") or 0) for c in cs) or None, "{:.0f}")])
         B.append(("table", ["phase", "arm", "cells", "source", "GPUs", "memory used MiB (mean)", "memory used MiB (max)",
                             "util % (mean)", "power W (mean)", "power W (max)", "SM clock MHz (mean)",
@@ -560,11 +554,11 @@ def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
     rows = []
     for (arm,), ds in sorted(_group(ok, ("arm",)).items()):
         gc = gpu_by_arm.get((arm,), [])
-        rows.append([arm, _f(_median([d.get("tensor_parallel_size") for d in ds]), "{:.0f}"),
-                     _f(_median([d.get("model_loading_gib") for d in ds]), "{:.2f}"),
-                     _f(_median([d.get("kv_available_gib") for d in ds]), "{:.2f}"),
-                     _f(_median([d.get("kv_log_tokens") for d in ds]), "{:,.0f}"),
-                     _f(_median([d.get("kv_cache_tokens") for d in ds]), "{:,.0f}"),
+        rows.append([arm, _f(median([d.get("tensor_parallel_size") for d in ds]), "{:.0f}"),
+                     _f(median([d.get("model_loading_gib") for d in ds]), "{:.2f}"),
+                     _f(median([d.get("kv_available_gib") for d in ds]), "{:.2f}"),
+                     _f(median([d.get("kv_log_tokens") for d in ds]), "{:,.0f}"),
+                     _f(median([d.get("kv_cache_tokens") for d in ds]), "{:,.0f}"),
                      _f(max((c.get("gpu_memory_used_mib_max") or 0) for c in gc) or None, "{:,.0f}") if gc
                      else "no GPU telemetry"])
     B.append(("p", "Medians over the arm's deployments: weights loaded (target and, for draft arms, the draft), the "

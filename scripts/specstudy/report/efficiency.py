@@ -21,14 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specstudy.core.stat_util import median
+
 PHASES = ("confirm", "screen")
-
-
-def _median(vals: list) -> float | None:
-    import numpy as np
-
-    vals = [float(v) for v in vals if v is not None]
-    return float(np.median(vals)) if vals else None
 
 
 def _usable(c: dict) -> bool:
@@ -52,10 +47,10 @@ def energy_rows(cells: list[dict]) -> list[dict]:
         if not vals:
             continue
         base = [c.get("energy_j_per_output_token") for c in groups.get((phase, workload, conc, "baseline"), [])]
-        med, bmed = _median(vals), _median(base)
+        med, bmed = median(vals), median(base)
         rows.append({"phase": phase, "workload": workload, "concurrency": conc, "arm": arm, "n": len(vals),
-                     "j_per_token": med, "energy_j": _median([c.get("gpu_energy_j") for c in cs]),
-                     "power_w": _median([c["gpu_energy_j"] / c["gpu_energy_window_s"] for c in cs
+                     "j_per_token": med, "energy_j": median([c.get("gpu_energy_j") for c in cs]),
+                     "power_w": median([c["gpu_energy_j"] / c["gpu_energy_window_s"] for c in cs
                                          if c.get("gpu_energy_j") is not None and c.get("gpu_energy_window_s")]),
                      "ratio_to_baseline": (med / bmed) if (arm != "baseline" and bmed) else None})
     return rows
@@ -83,7 +78,7 @@ def energy_section(B: list, cells: list[dict]) -> list[dict]:
         per_arm.setdefault((r["phase"], r["arm"]), []).append(r["j_per_token"])
     B.append(("p", "Per arm (median over its workload × concurrency cells above, and the range):"))
     B.append(("table", ["phase", "arm", "workload × c", "J/token (median)", "min", "max"],
-              [[ph, arm, len(v), f"{_median(v):.4f}", f"{min(v):.4f}", f"{max(v):.4f}"]
+              [[ph, arm, len(v), f"{median(v):.4f}", f"{min(v):.4f}", f"{max(v):.4f}"]
                for (ph, arm), v in sorted(per_arm.items())]))
     return rows
 
@@ -112,7 +107,7 @@ def interactivity_points(cells: list[dict], deployments: list[dict] | None = Non
             continue
         out.append({"phase": phase, "workload": workload, "arm": arm, "concurrency": conc, "n": len(cs),
                     "gpus": _gpus(cs[0], tp_of), "gpu_source": "nvml" if cs[0].get("gpu_count") else "tensor_parallel_size",
-                    "tok_s_per_gpu": _median(per_gpu), "tok_s_per_user": _median(per_user)})
+                    "tok_s_per_gpu": median(per_gpu), "tok_s_per_user": median(per_user)})
     return out
 
 

@@ -30,6 +30,7 @@ import os
 import statistics
 from pathlib import Path
 
+from specstudy.core.stat_util import median
 from specstudy.study import plan as planmod
 
 DEFAULTS = {
@@ -44,10 +45,6 @@ DEFAULTS = {
     "other_steps_s": 0.0,
 }
 RULES = {"screen": "deploy_screen", "confirm": "deploy_confirm", "capacity": "capacity_search"}
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 # ------------------------------------------------------------------------------- measured figures
@@ -85,8 +82,8 @@ def measured(results: str | Path) -> dict:
             d = (s.get("drain") or {}).get("seconds")
             if d is not None:
                 drains.append(float(d))
-    return {"deployments": len(recs), "startup_s": _median(startup), "smoke_s": _median(smoke),
-            "stop_s": _median(stop), "capacity_search_s": _median(cap), "drain_s": _median(drains),
+    return {"deployments": len(recs), "startup_s": median(startup), "smoke_s": median(smoke),
+            "stop_s": median(stop), "capacity_search_s": median(cap), "drain_s": median(drains),
             "seconds_per_request": {c: statistics.median(v) for c, v in sorted(per_req.items())},
             "n": {"startup": len(startup), "smoke": len(smoke), "stop": len(stop), "capacity": len(cap),
                   "cells": sum(len(v) for v in per_req.values()), "drain": len(drains)}}

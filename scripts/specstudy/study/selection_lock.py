@@ -12,7 +12,9 @@ from their attempts, or archive confirmation with the selection and start it aga
 input is not a change: the job that writes it is about to run again (a deleted cell re-run by its
 path) and its new content is checked at the next parse. While the lock holds, the ``select`` rule's
 inputs are ``ancient`` (a re-run screening cell never re-runs the selection) and ``specstudy select``
-refuses to write a selection other than the one the plan recorded.
+refuses to write a selection other than the one the plan recorded. Every consumer of the selection
+(the confirmation plan, each confirmation deployment, ``check-results``) reads it through
+:func:`verify_selection`, which refuses one edited by hand.
 """
 
 from __future__ import annotations

@@ -112,9 +112,9 @@ def launch_settings(trace_dir: str, vllm_version: str) -> dict:
     key = ".".join(parts[:2])
     if len(parts) < 2 or key not in SUPPORTED_VERSIONS:
         known = ", ".join(f"{k}.x ({v})" for k, v in SUPPORTED_VERSIONS.items())
-        raise UserError(f"profiling.launch_settings: vllm_version {vllm_version!r} has no known profiler switch; "
+        raise UserError(f"profile.launch_settings: vllm_version {vllm_version!r} has no known profiler switch; "
                         f"known: {known}. Check how that version enables the torch profiler and add it to "
-                        f"specstudy.phases.profiling.SUPPORTED_VERSIONS")
+                        f"specstudy.phases.profile.SUPPORTED_VERSIONS")
     trace_dir = os.path.abspath(os.path.expanduser(str(trace_dir)))  # vLLM wants an absolute path
     cfg = {"profiler": "torch", "torch_profiler_dir": trace_dir, "torch_profiler_with_stack": True,
            "torch_profiler_use_gzip": True}
@@ -138,7 +138,7 @@ def _post(base_url: str, path: str, api_key: str | None, timeout: float) -> floa
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
     except urllib.error.HTTPError as exc:
-        hint = (" (404: the server was started without --profiler-config; use profiling.launch_settings)"
+        hint = (" (404: the server was started without --profiler-config; use profile.launch_settings)"
                 if exc.code == 404 else "")
         raise UserError(f"POST {url}: HTTP {exc.code}{hint}: {exc.read()[:300]!r}") from None
     return round(time.monotonic() - t0, 3)
