@@ -11,8 +11,8 @@ import pytest
 
 from specstudy.analysis import tables
 from specstudy.deployment import launchlog
+from specstudy.report import costmodel
 from specstudy.report import document as report
-from specstudy.report.document import costmodel
 
 GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
 SCALE = GPU / "cuda-logs" / "scale-model-8b"

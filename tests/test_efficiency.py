@@ -13,7 +13,7 @@ from specstudy.analysis import tables
 from specstudy.core import atomic
 from specstudy.measure import telemetry
 from specstudy.report import document as report
-from specstudy.report.document import efficiency, plots
+from specstudy.report import efficiency, plots
 from test_nvml import fake_pynvml, fresh  # noqa: F401  (fixture)
 from test_tables import make_results_tree
 

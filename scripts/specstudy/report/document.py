@@ -403,14 +403,14 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
 
     jit.report_section(B, cells)
     _gpu_section(B, cells, deps)
-    from specstudy.report.document import efficiency
+    from specstudy.report import efficiency
 
     energy = efficiency.energy_section(B, cells)
     interactivity = efficiency.interactivity_section(B, cells, plots, deps)
     _network_section(B, cells, dr)
     _drift_section(B, dr)
     _model_section(B, model)
-    from specstudy.report.document import costmodel
+    from specstudy.report import costmodel
 
     cost = costmodel.report_section(B, cells, deps, results, comps)
     B.append(("h", 2, "Hypotheses"))
