@@ -73,14 +73,7 @@ def main(argv=None) -> int:
     if args.designs:
         return designs_table(args)
     t0 = time.time()
-    cfg = load_config(args.config)
-    prereg = load_prereg(cfg)
-    rule = decision.rule_from(cfg, prereg)
-    workloads = list(cfg["corpora"]["workloads"])
-    concs = list(prereg["confirmation"]["concurrency"])
-    mix = decision.traffic_from(prereg, workloads)["mixture"] or {w: 1.0 for w in workloads}  # output-token shares
-    weights = [float(mix.get(w, 0.0)) for w in workloads]
-    w_of = [i for i in range(len(workloads)) for _ in concs]
+    rule, workloads, concs, weights, w_of = study_cells(args.config)
     c_of = [c for _ in workloads for c in concs]
     lossy = min(range(len(workloads)), key=lambda i: weights[i])
     truths = {
@@ -143,17 +136,23 @@ def main(argv=None) -> int:
     return 0
 
 
-def designs_table(args) -> int:
-    """Issue 28: P(enable) of candidate designs in the three target scenarios, per environment's spread."""
-    t0 = time.time()
-    cfg = load_config(args.config)
+def study_cells(config_path) -> tuple:
+    """The rule, workloads, confirmation concurrencies, traffic weights (output-token shares; equal when the
+    pre-registration declares none) and each cell's workload index of the study ``config_path``."""
+    cfg = load_config(config_path)
     prereg = load_prereg(cfg)
     rule = decision.rule_from(cfg, prereg)
     workloads = list(cfg["corpora"]["workloads"])
     concs = list(prereg["confirmation"]["concurrency"])
     mix = decision.traffic_from(prereg, workloads)["mixture"] or {w: 1.0 for w in workloads}
     weights = [float(mix.get(w, 0.0)) for w in workloads]
-    w_of = [i for i in range(len(workloads)) for _ in concs]
+    return rule, workloads, concs, weights, [i for i in range(len(workloads)) for _ in concs]
+
+
+def designs_table(args) -> int:
+    """Issue 28: P(enable) of candidate designs in the three target scenarios, per environment's spread."""
+    t0 = time.time()
+    rule, workloads, concs, weights, w_of = study_cells(args.config)
     c_of = [c for _ in workloads for c in concs]
     neutral = workloads.index("code") if "code" in workloads else 0
     gain_truth, x = simulate.neutral_gain_truth(workloads, weights, concs, neutral, 1.10)

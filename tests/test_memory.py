@@ -154,8 +154,10 @@ def test_real_sweep_finds_the_largest_concurrency_without_preemption(fixture_mod
         # in the 7 usable blocks and the 4th makes vLLM preempt; L=384 (3 blocks, grows to 4) fits once.
         rec = memory.run_sweep(srv.base_url, "tiny", context_tokens=[384, 128], output_tokens=128,
                                concurrency=[4, 1, 2, 3, 5], out_dir=tmp_path / "preempt", **common)
-        # Admission: L=64 + 16 output tokens stay in one block, so the 8th request waits instead of preempting.
-        adm = memory.run_sweep(srv.base_url, "tiny", context_tokens=[64], output_tokens=16, concurrency=[6, 7, 8],
+        # Admission: L=64 + 48 output tokens stay in one block, so the 8th request waits instead of preempting.
+        # 48 decode steps keep all requests running for long enough that the 0.1 s sampler sees the peak on a
+        # loaded 2-core machine too (16 tokens once finished between two samples in CI: peak sampled < c).
+        adm = memory.run_sweep(srv.base_url, "tiny", context_tokens=[64], output_tokens=48, concurrency=[6, 7, 8],
                                out_dir=tmp_path / "admission", **common)
         with pytest.raises(UserError, match="max_model_len 512"):
             memory.run_sweep(srv.base_url, "tiny", context_tokens=[500], output_tokens=16, concurrency=[1],
@@ -196,8 +198,10 @@ def test_real_sweep_finds_the_largest_concurrency_without_preemption(fixture_mod
     assert rec["nvml"]["start"]["gpus"] is None and rec["nvml"]["start"]["reason"]
 
     adm_l = adm["results"][0]
-    assert adm_l["max_concurrency"] == 7 and adm_l["first_failing"]["concurrency"] == 8
-    last = atomic.read_jsonl(tmp_path / "admission" / "steps.jsonl")[-1]
+    adm_steps = atomic.read_jsonl(tmp_path / "admission" / "steps.jsonl")
+    why = [(s["concurrency"], s["reasons"], s["samples"], s["peak_running"]) for s in adm_steps]
+    assert adm_l["max_concurrency"] == 7 and adm_l["first_failing"]["concurrency"] == 8, why
+    last = adm_steps[-1]
     assert last["preemptions"] == 0 and last["peak_running"] == 7 and last["peak_waiting"] >= 1
     assert [r["code"] for r in last["reasons"]] == ["not_all_running"]
 

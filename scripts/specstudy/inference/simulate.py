@@ -216,19 +216,31 @@ def operating_characteristics(truth: list[float], rule: dict, workloads_of_cell:
     cap = int(rule["max_repeats"]) if adaptive and not legacy else initial
     logs = np.log(np.asarray(truth))[None, None, :] + deployment_logs(scenario, rng, sims, cap, len(truth), sigma, rho)
     fn = legacy_vectorized if legacy else evaluate_vectorized
+    enable, rounds = _sequential(sims, initial, cap,
+                                 lambda k, _j: fn(logs, rule, workloads_of_cell, conc_of_cell, weights, k))
+    return {"p_enable": float(enable.mean()), "mean_rounds": float(rounds.mean()),
+            "rounds": {int(k): float(np.mean(rounds == k)) for k in range(initial, cap + 1)}}
+
+
+def _sequential(sims: int, initial: int, cap: int, look) -> tuple:
+    """Run the looks ``initial..cap`` of a sequential design on every simulated study at once.
+
+    ``look(k, j)`` (k rounds, the j-th look) returns boolean arrays ``enable`` and ``undecided``; a study stops
+    at its first decided look or at the cap. Returns the verdict and the rounds used, per study."""
+    import numpy as np
+
     enable = np.zeros(sims, dtype=bool)
     rounds = np.full(sims, cap)
     active = np.ones(sims, dtype=bool)
-    for k in range(initial, cap + 1):
-        res = fn(logs, rule, workloads_of_cell, conc_of_cell, weights, k)
+    for j, k in enumerate(range(initial, cap + 1)):
+        res = look(k, j)
         stop = active & (~res["undecided"] | (k == cap))
         enable[stop] = res["enable"][stop]
         rounds[stop] = k
         active &= ~stop
         if not active.any():
             break
-    return {"p_enable": float(enable.mean()), "mean_rounds": float(rounds.mean()),
-            "rounds": {int(k): float(np.mean(rounds == k)) for k in range(initial, cap + 1)}}
+    return enable, rounds
 
 
 def sigma_from_comparisons(comps: list[dict]) -> dict:
@@ -284,17 +296,8 @@ def design_oc(truth: list[float], design: dict, workloads_of_cell, conc_of_cell,
     rng = np.random.default_rng(seed)
     initial, cap = int(design["initial"]), int(design["cap"])
     logs = np.log(np.asarray(truth))[None, None, :] + deployment_logs(scenario, rng, sims, cap, len(truth), sigma, rho)
-    enable = np.zeros(sims, dtype=bool)
-    rounds = np.full(sims, cap)
-    active = np.ones(sims, dtype=bool)
-    for j, k in enumerate(range(initial, cap + 1)):
-        res = design_vectorized(logs, design, workloads_of_cell, conc_of_cell, weights, k, j)
-        stop = active & (~res["undecided"] | (k == cap))
-        enable[stop] = res["enable"][stop]
-        rounds[stop] = k
-        active &= ~stop
-        if not active.any():
-            break
+    enable, rounds = _sequential(
+        sims, initial, cap, lambda k, j: design_vectorized(logs, design, workloads_of_cell, conc_of_cell, weights, k, j))
     return {"p_enable": float(enable.mean()), "mean_rounds": float(rounds.mean())}
 
 
