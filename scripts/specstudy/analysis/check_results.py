@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.atomic import sha256_file
+from specstudy.study.plan import CORE_PHASES
 from specstudy.study.selection_lock import CONFIRM_PLAN, RESELECT_COMMAND, RESTORE_COMMAND, SELECTION, changed_inputs
 
 LOCK = "results/screen/prereg-lock.json"
@@ -133,7 +134,7 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
 
     for rec_path in sorted(root.glob("results/*/*/*/deployment.json")):
         rel = rec_path.relative_to(root)
-        if rel.parts[1] not in ("screen", "confirm"):
+        if rel.parts[1] not in CORE_PHASES:
             continue
         try:
             rec = atomic.read_json(rec_path)
@@ -155,7 +156,7 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
             res.add("deployment records", False, f"{rel}: " + "; ".join(bad),
                     f"specstudy rerun {bad[0].split(' ')[0]}")
     if not any(f.check == "deployment records" for f in res.findings):
-        n = sum(1 for p in root.glob("results/*/*/*/deployment.json") if p.parts[-4] in ("screen", "confirm"))
+        n = sum(1 for p in root.glob("results/*/*/*/deployment.json") if p.parts[-4] in CORE_PHASES)
         res.add("deployment records", True, f"{n} deployment records, every declared cell is the copy of the attempt "
                                             "its record names")
     if res.consistent:

@@ -46,8 +46,10 @@ from specstudy.core.records import (
     read_gate,
     to_record,
 )
+from specstudy.deployment.launchlog import STARTUP_PHASES
+from specstudy.study.plan import CORE_PHASES
 
-PHASES = ("screen", "confirm")
+PHASES = CORE_PHASES
 REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
 CONC_RE = re.compile(r"^c(\d+)$")
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -67,7 +69,6 @@ KEY_COLUMNS = [
 ]
 
 #: Start-up phases of a deployment record (deploy.startup_phases), in order.
-STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
 #: NVML series summarised per cell: per GPU, ``_mean`` = mean over GPUs of the time mean, ``_max`` = max over GPUs.
 GPU_SERIES = ("memory_used_mib", "utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
 GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_count", "int64")] + [

@@ -20,7 +20,9 @@ from typing import Any
 
 from specstudy.core.records import SelectionRecord, read_selection
 from specstudy.core.stat_util import median
+from specstudy.deployment.launchlog import STARTUP_PHASES
 from specstudy.report.plots import _plt, _save, plot_caption
+from specstudy.study.plan import CORE_PHASES
 
 Block = tuple
 
@@ -310,7 +312,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     comps = stats.comparisons(t["cells"], config)
     missing: list[str] = []
     phases_present = sorted({c["phase"] for c in cells})
-    for ph in ("screen", "confirm"):
+    for ph in CORE_PHASES:
         if ph not in phases_present:
             missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
     if not gates:
@@ -497,7 +499,6 @@ def _capacity_section(B, results: Path, out: Path) -> None:
             B.append(("img", f"plots/capacity-{arm}.png", plot_caption(f"capacity-{arm}", arm)))
 
 
-STARTUP_COLS = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
 
 
 def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
@@ -528,7 +529,7 @@ def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
 
     B.append(("h", 3, "Start-up per deployment"))
     with_startup = [d for d in deps if d.get("startup_total_s") is not None
-                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_COLS)]
+                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_PHASES)]
     if not with_startup:
         B.append(("p", "No start-up phases recorded (no deployment record carries `startup`)."))
     else:
@@ -540,9 +541,9 @@ def _gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
         for d in sorted(with_startup, key=lambda d: (d.get("start_unix") or 0, d.get("deployment_id") or "")):
             rows.append([d.get("deployment_id"), d.get("arm"), d.get("rep"), d.get("startup_cache") or "–",
                          d.get("compile_cache") or "–", _f(d.get("startup_total_s"), "{:.1f}")]
-                        + [_f(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_COLS]
+                        + [_f(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_PHASES]
                         + [_f(d.get("startup_share"), "{:.0%}"), _f(d.get("measuring_share"), "{:.0%}")])
-        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_COLS)
+        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_PHASES)
                   + ["start share", "measure share"], rows))
 
     B.append(("h", 3, "Memory and KV cost per arm"))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from specstudy.core.stat_util import median
 from specstudy.study import plan as planmod
+from specstudy.study.plan import CORE_PHASES
 
 DEFAULTS = {
     "startup_s": 60.0,
@@ -70,7 +71,7 @@ def measured(results: str | Path) -> dict:
     per_req: dict[int, list[float]] = {}
     drains = []
     for p in sorted(results.glob("*/*/*/*/c*/summary.json")) if results.exists() else []:
-        if p.parts[-6] not in ("screen", "confirm"):
+        if p.parts[-6] not in CORE_PHASES:
             continue
         try:
             s = json.loads(p.read_text(encoding="utf-8"))

@@ -17,10 +17,12 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from specstudy.study.plan import CORE_PHASES
+
 SHARES = ("launch", "smoke", "warmup", "measure", "drain", "capacity", "stop", "other")
 LABELS = {"launch": "starting", "smoke": "smoke", "warmup": "warm-up", "measure": "measuring", "drain": "drain",
           "capacity": "capacity search", "stop": "stopping", "other": "other"}
-PHASE_DIRS = ("screen", "confirm", "capacity")
+PHASE_DIRS = (*CORE_PHASES, "capacity")
 
 
 def _t(s) -> float | None:
