@@ -112,7 +112,7 @@ def prereg_case(mutate: Callable[[dict], object]) -> Callable[[Path], list[str]]
 def workflow_copy(d: Path) -> Path:
     w = d / "wf"
     w.mkdir()
-    for name in ("Snakefile", "rules", "config", "corpora", "envs", "tests/data"):
+    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles", "tests/data"):
         src = ROOT / name
         dst = w / name
         dst.parent.mkdir(parents=True, exist_ok=True)

@@ -567,6 +567,24 @@ ROWS: list[Row] = [
         *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--results",
         str(_screen_record(d, "0" * 64) or d / "results")],
         ["preregistration-small.yaml", "deployment.json", "prereg_sha256 " + "0" * 64]),
+    # Snakemake reads --configfile before any workflow code: profiles/default (loaded for every run of this
+    # workflow) lets specstudy's reader name the file and line first (specstudy.snakemake_preflight).
+    Row("sm-configfile-broken-yaml", "study config", sm_text(lambda t: t.replace("cells:\n", "cells: [\n", 1)),
+        ["bad.yaml", "line", "not valid YAML", "indentation"]),
+    Row("sm-configfile-misspelt", "study config", sm(lambda w: ["--configfile", str(w / "stduy.yaml")]),
+        ["stduy.yaml", "not found", "check the spelling"]),
+    Row("sm-configfile-directory", "study config", sm(lambda w: ["--configfile", str(w / "config")]),
+        ["config", "is a directory", "must be a YAML file"]),
+    Row("sm-configfile-a-list", "study config", sm_text(lambda t: "- study\n- engine\n"),
+        ["bad.yaml", "line 1", "a list, not a mapping"]),
+    Row("sm-local-profile-configfile-misspelt", "environment",
+        sm(lambda w: ["--profile", str(w / "profiles/local"), "--configfile", "config/stduy.yaml"]),
+        ["config/stduy.yaml", "not found", "check the spelling"]),
+    # A target no rule makes: the nearest rules / paths, not Snakemake's bare MissingRuleException.
+    Row("sm-target-rule-typo", "CLI", sm(lambda w: [], target="scren"),
+        ["'scren'", "nearest rules: screen", "--list-target-rules"]),
+    Row("sm-target-path-typo", "CLI", sm(lambda w: [], target="results/scren/baseline/rep1/code/c1/summary.json"),
+        ["results/scren/baseline", "nearest paths", "results/screen/<arm>/rep<r>", "specstudy rerun"]),
 ]
 
 
