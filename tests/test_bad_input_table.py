@@ -580,6 +580,9 @@ ROWS: list[Row] = [
     Row("sm-local-profile-configfile-misspelt", "environment",
         sm(lambda w: ["--profile", str(w / "profiles/local"), "--configfile", "config/stduy.yaml"]),
         ["config/stduy.yaml", "not found", "check the spelling"]),
+    Row("sm-target-after-configfile", "CLI",
+        sm(lambda w: ["--configfile", str(w / "tests/data/study-small.yaml"), "confirm"]),
+        ["'confirm' was read as a config file", "put the targets before --configfile", "after `--`"]),
     # A target no rule makes: the nearest rules / paths, not Snakemake's bare MissingRuleException.
     Row("sm-target-rule-typo", "CLI", sm(lambda w: [], target="scren"),
         ["'scren'", "nearest rules: screen", "--list-target-rules"]),

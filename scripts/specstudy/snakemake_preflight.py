@@ -35,7 +35,7 @@ def snakemake_cli(argv: list[str] | None = None):
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             args, _ = get_argument_parser().parse_known_args(argv)
-    except SystemExit:
+    except (SystemExit, Exception):  # a value Snakemake refuses (``--cores many``): its own message follows
         return None
     args.targets = list(args.targets or []) + extra
     return args
@@ -54,6 +54,9 @@ def configfile_problem(argv: list[str] | None = None, default: str | None = None
         try:
             load_mapping(f, "study config (--configfile)", "study, engine, corpora, cells, arms, screen")
         except StudyYamlError as exc:
+            if not Path(f).exists() and not Path(f).suffix:  # `--configfile study.yaml screen`: nargs="+" took the target
+                exc = StudyYamlError(f"{exc}; --configfile takes every word after it, so {f!r} was read as a config "
+                                     "file: put the targets before --configfile, or after `--`")
             return f"{exc}\n(checked by specstudy before Snakemake reads it; `specstudy check-config {f}` checks the rest)"
     return None
 
