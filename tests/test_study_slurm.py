@@ -97,9 +97,8 @@ exec "{sys.executable}" "$@"
 
 
 def fake_engine(workdir: Path, startup_s: float) -> None:
-    """From now on a deployment job's server is the fake vLLM, listening after ``startup_s`` seconds and streaming
-    a token a millisecond (the cells' lengths do not matter to Slurm)."""
-    (workdir / "fake-engine.env").write_text(f"export FAKE_STARTUP_S={startup_s} FAKE_TOKEN_DELAY_MS=1\n")
+    """From now on a deployment job's server is the fake vLLM, listening after ``startup_s`` seconds."""
+    (workdir / "fake-engine.env").write_text(f"export FAKE_STARTUP_S={startup_s}\n")
 
 
 def run(workdir, env, *args, check=True, timeout=900):
