@@ -325,7 +325,7 @@ def test_bad_input_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "nope.yaml: file not found" in err
     bad_prereg = tmp_path / "prereg.yaml"
-    text = (ROOT / "config/preregistration.yaml").read_text().replace("max_regression: 0.02", "max_regression: 1.5")
+    text = (ROOT / "config/preregistration.yaml").read_text().replace("max_regression: 0.05", "max_regression: 1.5")
     bad_prereg.write_text(text)
     rc = _cli(tmp_path, "--cells-root", str(tmp_path / "ignore_eos"), "--natural-root", str(tmp_path / "confirm"),
               "--prereg", str(bad_prereg), "--output-tokens", "48", "--out", str(tmp_path / "o"))
