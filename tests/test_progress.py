@@ -172,14 +172,15 @@ def test_cost_preview_of_both_studies(tmp_path, config, profile):
     sp = plan.make_plan(cfg, "screen")
     assert screen["deployments"] == len(sp["deployments"])
     assert screen["cells"] == sum(len(d["cells"]) for d in sp["deployments"])
-    assert screen["requests"] == screen["cells"] * cfg["cells"]["requests"]
-    # warm-up as the deployment job sends it (the embedded study sizes it by rule: one request per slot)
+    # requests and warm-up as the deployment job sends them (the embedded study: 6 at c1, 8 at c8; warm-up
+    # by rule, one request per slot)
     from specstudy.deployment_run import request_counts
 
-    warm = [request_counts(cfg["cells"], c["concurrency"])[1] for d in sp["deployments"] for c in d["cells"]]
-    assert screen["warmup_requests"] == sum(warm)
+    counts = [request_counts(cfg["cells"], c["concurrency"]) for d in sp["deployments"] for c in d["cells"]]
+    assert screen["requests"] == sum(n for n, _ in counts)
+    assert screen["warmup_requests"] == sum(w for _, w in counts)
     if config == "config/config.yaml":
-        assert sorted(set(warm)) == [1, 8]  # c1 and c8
+        assert sorted(set(counts)) == [(6, 1), (8, 8)]  # c1 and c8
     assert pv["total"]["wall_s"] > 0 and pv["total"]["node_hours"] > 0
     assert all(v.startswith("declared") for v in pv["sources"].values())
     if profile == "profiles/clariden":
