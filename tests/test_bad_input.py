@@ -315,7 +315,7 @@ def _sm_prereg_edited(w: Path) -> list[str]:
     (w / "results/screen").mkdir(parents=True)
     (w / "results/screen/prereg-lock.json").write_text(json.dumps(lock))
     p = w / "config/preregistration.yaml"
-    p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))
+    p.write_text(p.read_text().replace("concurrency: [1, 8]", "concurrency: [1, 16]"))
     return ["screen"]
 
 
@@ -376,7 +376,7 @@ CASES: list[Case] = [
     Case("prereg-concurrency-type", prereg_case(lambda p: p["confirmation"].update(concurrency="1,4")),
          ["prereg.yaml", "concurrency"]),
     Case("prereg-lock-edited", lambda d: [*SPECSTUDY, "prereg-lock", "--prereg", str(_spec(d, (
-        ROOT / "config/preregistration.yaml").read_text().replace("[1, 4, 8]", "[1, 4, 16]"), "preregistration.yaml")),
+        ROOT / "config/preregistration.yaml").read_text().replace("[1, 8]", "[1, 16]"), "preregistration.yaml")),
         "--out", str(_lock(d))], ["prereg-lock.json", "preregistration.yaml", "restore"]),
     # --- corpus specs and rows
     Case("corpus-spec-missing", lambda d: [*SPECSTUDY, "corpus", "build", "--spec", str(d / "nope.yaml"), "--out",

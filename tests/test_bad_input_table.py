@@ -266,7 +266,7 @@ def _sm_lock_deleted(w: Path) -> list[str]:
 
     p = w / "config/preregistration.yaml"
     _screen_record(w, hashlib.sha256(p.read_bytes()).hexdigest())  # measured under the original ...
-    p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))  # ... then edited
+    p.write_text(p.read_text().replace("concurrency: [1, 8]", "concurrency: [1, 16]"))  # ... then edited
     return []  # and no results/screen/prereg-lock.json
 
 
@@ -428,7 +428,7 @@ ROWS: list[Row] = [
         prereg((ROOT / "config/preregistration.yaml").read_text() + "\ngate:\n  margins: {}\n"),
         ["prereg.yaml", "line", "duplicate key 'gate'"]),
     Row("prereg-inf", "pre-registration",
-        prereg((ROOT / "config/preregistration.yaml").read_text().replace("min_gain: 0.05", "min_gain: .inf")),
+        prereg((ROOT / "config/preregistration.yaml").read_text().replace("min_gain: 0.0 ", "min_gain: .inf ")),
         ["prereg.yaml", "line", "finite"]),
     Row("prereg-a-string", "pre-registration", prereg("just some text\n"),
         ["prereg.yaml", "not a mapping", "study.preregistration"]),

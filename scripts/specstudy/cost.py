@@ -31,6 +31,7 @@ import statistics
 from pathlib import Path
 
 from . import plan as planmod
+from .deployment_run import request_counts
 
 DEFAULTS = {
     "startup_s": 60.0,
@@ -185,7 +186,6 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
         return float(declared["seconds_per_request"]) * c ** (-float(declared["concurrency_exponent"]))
 
     cells_cfg = cfg["cells"]
-    n_req, n_warm = int(cells_cfg["requests"]), int(cells_cfg["warmup_requests"])
     phases = []
     screen = planmod.make_plan(cfg, "screen")
     sel_path = Path(results) / "selection" / "selection.json"
@@ -205,6 +205,7 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
             t = startup + smoke + stop
             for cell in dep["cells"]:
                 c = int(cell["concurrency"])
+                n_req, n_warm = request_counts(cells_cfg, c)  # the counts the deployment job itself sends
                 t += (n_req + n_warm) * per_request(c) + drain
                 cells += 1
                 reqs += n_req
