@@ -128,12 +128,12 @@ def test_cli_imports_a_root(tmp_path, capsys):
     upstream.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["import-upstream", str(ROOT / "ngram-n3-3392370"), str(tmp_path)])
     assert args.func(args) == 0
-    out = tmp_path / "ngram-k3" / "rep1" / "open_chat" / "c8"
+    out = tmp_path / "screen" / "ngram-k3" / "rep1" / "open_chat" / "c8"
     s = atomic.read_json(out / "summary.json")
     schemas.validate(s, "cell-summary")
     assert s["upstream"]["summary"]["speculative_decoding"]["acceptance_rate"] == s["speculative"]["acceptance_rate"]
     assert len(atomic.read_jsonl(out / "requests.jsonl")) == 24
-    assert (tmp_path / "ngram-k3" / "rep1" / "open_chat" / "c1" / "metrics_after.prom").exists()
+    assert (tmp_path / "screen" / "ngram-k3" / "rep1" / "open_chat" / "c1" / "metrics_after.prom").exists()
     assert "ngram-k3" in capsys.readouterr().out
 
 
@@ -193,8 +193,8 @@ def test_directory_run_imports_the_complete_cells_and_lists_the_incomplete(tmp_p
     err = capsys.readouterr().err
     assert f"incomplete: {bad}: missing metrics_after.prom, summary.json" in err
     assert "1 cell(s) imported, 1 incomplete, 0 with errors" in err
-    assert (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c8" / "summary.json").exists()
-    assert not (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c1").exists()
+    assert (out / "screen" / "draft-k3-tp4" / "rep1" / "open_chat" / "c8" / "summary.json").exists()
+    assert not (out / "screen" / "draft-k3-tp4" / "rep1" / "open_chat" / "c1").exists()
     assert good.exists()
     # asked to be strict: the same run exits non-zero
     assert _cli([str(tmp_path / "up"), str(tmp_path / "out2"), "--strict"]) == 2

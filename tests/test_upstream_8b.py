@@ -126,7 +126,7 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     # the sweep layout through the CLI: <out>/<arm>/rep1/<workload>/c<c>
     sweep = DATA / "results" / "8b" / "sweeps"
     assert upstream.cmd_import(_args(sweep, tmp_path / "out")) == 0
-    out = tmp_path / "out" / "dspark-k7" / "rep1" / "probe" / "c8"
+    out = tmp_path / "out" / "screen" / "dspark-k7" / "rep1" / "probe" / "c8"
     assert atomic.read_json(out / "summary.json")["upstream"]["variant"]["method"] == "dspark"
     assert (out / "metrics_after.prom").read_bytes() == (DSPARK / "metrics_after.prom").read_bytes()
     assert " valid " in next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dspark-k7"))
@@ -165,9 +165,10 @@ def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, cap
     src = tmp_path / "confirm"
     for b in ("c1", "c2", "c3"):
         _block_cell(src, b, meta)
-    out = tmp_path / "results" / "confirm"
-    assert upstream.cmd_import(_args(src, out, phase="confirm")) == 0
-    assert "3 cell(s) imported, 0 incomplete, 0 with errors" in capsys.readouterr().err
+    results = tmp_path / "results"
+    assert upstream.cmd_import(_args(src, results, phase="confirm")) == 0
+    assert "3 cell(s) imported, 0 incomplete, 0 with errors, 3 deployment record(s)" in capsys.readouterr().err
+    out = results / "confirm"
     deps = set()
     for rep in (1, 2, 3):
         cell_dir = out / "eagle3-k2" / f"rep{rep}" / "code" / "c1"
@@ -186,16 +187,17 @@ def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, cap
     m["extra"]["deployment_id"] = "another-deployment"
     (d / "metadata.json").write_text(json.dumps(m))
     with pytest.raises(upstream.UpstreamError, match=r"already holds deployment 'apertus15-8b-eagle31-k2-confirm-c1-"):
-        upstream.import_cell(d, out, "confirm")
+        upstream.import_cell(d, results, "confirm")
     # re-importing the same deployment is fine (same path, same deployment)
-    upstream.import_cell(src / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1", out,
+    upstream.import_cell(src / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1", results,
                          "confirm")
 
 
-def _args(source, out=None, strict=False, phase="upstream"):
+def _args(source, out=None, strict=False, phase="screen", **kw):
     import argparse
 
-    return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase)
+    ns = {"from_summaries": False, "arm": [], "report": None, "source_commit": None, **kw}
+    return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase, **ns)
 
 
 @needs70
