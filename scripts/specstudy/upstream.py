@@ -882,6 +882,12 @@ def cmd_import(args: argparse.Namespace) -> int:
               "false, e.g. a request without usage) | invalid (see the summary's validity.reasons).")
     for p in written:
         print(f"deployment record: {p}")
+    from specstudy.arms import is_arm_name
+
+    for arm in sorted({c["summary"]["keys"]["arm"] for c in imported if not is_arm_name(c["summary"]["keys"]["arm"])}):
+        print(f"note: arm {arm!r} is not one of this project's arms (methods {', '.join(METHODS)}): its cells and "
+              "deployment records are written, but `specstudy tables` reads only the project's arms and leaves "
+              f"{arm}/ out of the tables", file=sys.stderr)
     for exc in incomplete:
         print(f"incomplete: {exc.cell_dir}: missing {', '.join(exc.missing)}", file=sys.stderr)
     for e in errors:
