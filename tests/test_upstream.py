@@ -269,4 +269,5 @@ def test_imported_cells_run_through_tables_and_report(tmp_path):
     arm = t["cells"][(t["cells"]["arm"] == "ngram-k3") & (t["cells"]["concurrency"] == 8)].iloc[0]
     assert comps[("ngram-k3", 8)]["repeats"][0]["speedup"] == \
         arm["output_tokens_per_second"] / base["output_tokens_per_second"]
-    assert rec["recommendation"]["decision"] == "do_not_enable"
+    # one screening round and no confirmation: the rule has nothing to decide on
+    assert rec["recommendation"]["decision"] == "insufficient_evidence"
