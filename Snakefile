@@ -86,3 +86,8 @@ rule capacity:
 rule report:
     input:
         "results/report/report.md",
+
+
+# Last, once every rule exists: a target no rule can make (`snakemake scren`, a misspelt result path) is
+# answered with the nearest rules or existing outputs, not Snakemake's bare MissingRuleException.
+check_snakemake_targets(workflow)

@@ -17,3 +17,5 @@ try:
     STUDY_CONFIG = _load_study_files(STUDY_CONFIG_FILES, workflow.config_settings.config)
 except _StudyYamlError as exc:
     raise WorkflowError(str(exc)) from None
+
+from specstudy.study.snakemake_preflight import check_targets as check_snakemake_targets  # noqa: E402  (end of Snakefile)

@@ -266,7 +266,7 @@ def _sm_lock_deleted(w: Path) -> list[str]:
 
     p = w / "config/preregistration.yaml"
     _screen_record(w, hashlib.sha256(p.read_bytes()).hexdigest())  # measured under the original ...
-    p.write_text(p.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 4, 16]"))  # ... then edited
+    p.write_text(p.read_text().replace("concurrency: [1, 8]", "concurrency: [1, 16]"))  # ... then edited
     return []  # and no results/screen/prereg-lock.json
 
 
@@ -428,7 +428,7 @@ ROWS: list[Row] = [
         prereg((ROOT / "config/preregistration.yaml").read_text() + "\ngate:\n  margins: {}\n"),
         ["prereg.yaml", "line", "duplicate key 'gate'"]),
     Row("prereg-inf", "pre-registration",
-        prereg((ROOT / "config/preregistration.yaml").read_text().replace("min_gain: 0.05", "min_gain: .inf")),
+        prereg((ROOT / "config/preregistration.yaml").read_text().replace("min_gain: 0.0 ", "min_gain: .inf ")),
         ["prereg.yaml", "line", "finite"]),
     Row("prereg-a-string", "pre-registration", prereg("just some text\n"),
         ["prereg.yaml", "not a mapping", "study.preregistration"]),
@@ -567,6 +567,27 @@ ROWS: list[Row] = [
         *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))), "--results",
         str(_screen_record(d, "0" * 64) or d / "results")],
         ["preregistration-small.yaml", "deployment.json", "prereg_sha256 " + "0" * 64]),
+    # Snakemake reads --configfile before any workflow code: profiles/default (loaded for every run of this
+    # workflow) lets specstudy's reader name the file and line first (specstudy.study.snakemake_preflight).
+    Row("sm-configfile-broken-yaml", "study config", sm_text(lambda t: t.replace("cells:\n", "cells: [\n", 1)),
+        ["bad.yaml", "line", "not valid YAML", "indentation"]),
+    Row("sm-configfile-misspelt", "study config", sm(lambda w: ["--configfile", str(w / "stduy.yaml")]),
+        ["stduy.yaml", "not found", "check the spelling"]),
+    Row("sm-configfile-directory", "study config", sm(lambda w: ["--configfile", str(w / "config")]),
+        ["config", "is a directory", "must be a YAML file"]),
+    Row("sm-configfile-a-list", "study config", sm_text(lambda t: "- study\n- engine\n"),
+        ["bad.yaml", "line 1", "a list, not a mapping"]),
+    Row("sm-local-profile-configfile-misspelt", "environment",
+        sm(lambda w: ["--profile", str(w / "profiles/local"), "--configfile", "config/stduy.yaml"]),
+        ["config/stduy.yaml", "not found", "check the spelling"]),
+    Row("sm-target-after-configfile", "CLI",
+        sm(lambda w: ["--configfile", str(w / "tests/data/study-small.yaml"), "confirm"]),
+        ["'confirm' was read as a config file", "put the targets before --configfile", "after `--`"]),
+    # A target no rule makes: the nearest rules / paths, not Snakemake's bare MissingRuleException.
+    Row("sm-target-rule-typo", "CLI", sm(lambda w: [], target="scren"),
+        ["'scren'", "nearest rules: screen", "--list-target-rules"]),
+    Row("sm-target-path-typo", "CLI", sm(lambda w: [], target="results/scren/baseline/rep1/code/c1/summary.json"),
+        ["results/scren/baseline", "nearest paths", "results/screen/<arm>/rep<r>", "specstudy rerun"]),
 ]
 
 

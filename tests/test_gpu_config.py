@@ -41,6 +41,14 @@ def test_request_counts_follow_the_concurrency_level():
     assert request_counts({"requests": 12, "warmup_requests": 4}, 32) == (12, 4)
 
 
+def test_warm_up_by_rule_one_request_per_slot():
+    rule = {"requests": 8, "warmup_requests": 1, "warmup_per_slot": 1}
+    assert [request_counts(rule, c) for c in (1, 4, 8)] == [(8, 1), (8, 4), (8, 8)]
+    assert request_counts(dict(rule, warmup_per_slot=2), 8) == (8, 16)
+    assert request_counts(dict(rule, warmup_requests=3), 1) == (8, 3)       # the floor
+    assert request_counts(dict(rule, warmup_requests_by_concurrency={"8": 2}), 8) == (8, 2)  # a named level wins
+
+
 @pytest.mark.parametrize("bad", [{"0": 5}, {"eight": 5}, {"8": 0}])
 def test_bad_request_mapping_is_refused_with_the_field_named(bad):
     cfg = yaml.safe_load(GPU_CONFIG.read_text())

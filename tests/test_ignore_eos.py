@@ -266,7 +266,9 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "1 disagreements" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema"] == ie.SCHEMA and summary["output_tokens"] == N
-    assert summary["rule"]["min_gain"] == 0.05 and summary["rule"]["look_confidence"] == 0.95
+    # the embedded pre-registration's margins (issue 28's rule: gain > 0, 5 % regression), judged at one look
+    assert summary["rule"]["min_gain"] == 0.0 and summary["rule"]["max_regression"] == 0.05
+    assert summary["rule"]["look_confidence"] == 0.95
     assert [d["arm"] for d in summary["disagreements"]] == ["ngram-k4"]
     assert summary["drift_cells_not_used"] == ["confirm/baseline/drift1/code/c1"]
     assert len(summary["inputs"]) == len(fp) + len(np_)
@@ -327,7 +329,7 @@ def test_bad_input_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "nope.yaml: file not found" in err
     bad_prereg = tmp_path / "prereg.yaml"
-    text = (ROOT / "config/preregistration.yaml").read_text().replace("max_regression: 0.02", "max_regression: 1.5")
+    text = (ROOT / "config/preregistration.yaml").read_text().replace("max_regression: 0.05", "max_regression: 1.5")
     bad_prereg.write_text(text)
     rc = _cli(tmp_path, "--cells-root", str(tmp_path / "ignore_eos"), "--natural-root", str(tmp_path / "confirm"),
               "--prereg", str(bad_prereg), "--output-tokens", "48", "--out", str(tmp_path / "o"))

@@ -100,6 +100,7 @@ def test_arm_validation_names_the_field():
 def _cfg(methods, record=None, **arms_extra):
     cfg = load_config(ROOT / "config" / "config.yaml")
     cfg["arms"]["methods"] = ["baseline", *methods]
+    cfg["arms"]["num_speculative_tokens"] = [2, 4]  # the depths these plans name (the shipped study screens 3)
     cfg["arms"].update(arms_extra)
     cfg["engine"]["methods_record"] = str(record) if record else None
     return cfg

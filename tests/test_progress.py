@@ -173,7 +173,15 @@ def test_cost_preview_of_both_studies(tmp_path, config, profile):
     sp = plan.make_plan(cfg, "screen")
     assert screen["deployments"] == len(sp["deployments"])
     assert screen["cells"] == sum(len(d["cells"]) for d in sp["deployments"])
-    assert screen["requests"] == screen["cells"] * cfg["cells"]["requests"]
+    # requests and warm-up as the deployment job sends them (the embedded study: 6 at c1, 8 at c8; warm-up
+    # by rule, one request per slot)
+    from specstudy.job.run import request_counts
+
+    counts = [request_counts(cfg["cells"], c["concurrency"]) for d in sp["deployments"] for c in d["cells"]]
+    assert screen["requests"] == sum(n for n, _ in counts)
+    assert screen["warmup_requests"] == sum(w for _, w in counts)
+    if config == "config/config.yaml":
+        assert sorted(set(counts)) == [(6, 1), (8, 8)]  # c1 and c8
     assert pv["total"]["wall_s"] > 0 and pv["total"]["node_hours"] > 0
     assert all(v.startswith("declared") for v in pv["sources"].values())
     if profile == "profiles/clariden":
@@ -192,14 +200,14 @@ def test_cost_preview_uses_measured_records(tmp_path):
             "deployment_id": f"d{i}", "status": "ok",
             "times": {"start": "2026-12-01T10:00:00+00:00", "ready": f"2026-12-01T10:00:{ready:02d}+00:00",
                       "stop": "2026-12-01T10:05:00+00:00"}})
-    atomic.write_json(res / "screen" / "arm0" / "rep1" / "code" / "c4" / "summary.json", {
-        "keys": {"concurrency": 4}, "validity": {"valid": True}, "wall_seconds": 6.0, "requests": {"attempted": 12},
+    atomic.write_json(res / "screen" / "arm0" / "rep1" / "code" / "c8" / "summary.json", {
+        "keys": {"concurrency": 8}, "validity": {"valid": True}, "wall_seconds": 6.0, "requests": {"attempted": 12},
         "drain": {"seconds": 0.2}})
     pv = cost.preview(cfg, ROOT / "profiles/local", res)
     assert pv["figures"]["startup_s"] == 50 and pv["sources"]["startup_s"].startswith("measured")
-    assert pv["figures"]["seconds_per_request"][4] == pytest.approx(0.5)
+    assert pv["figures"]["seconds_per_request"][8] == pytest.approx(0.5)
     assert pv["sources"]["seconds_per_request[c=1]"].startswith("declared")
-    assert pv["sources"]["seconds_per_request[c=4]"].startswith("measured")
+    assert pv["sources"]["seconds_per_request[c=8]"].startswith("measured")
 
 
 def test_progress_reaches_the_terminal_under_make_study(tmp_path):

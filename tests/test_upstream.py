@@ -13,7 +13,7 @@ import pytest
 
 from specstudy.analysis import upstream
 from specstudy.core import atomic, schemas
-from specstudy.measure import cell
+from specstudy.measure import cell, prom
 
 # The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b"
@@ -130,12 +130,12 @@ def test_cli_imports_a_root(tmp_path, capsys):
     upstream.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["import-upstream", str(ROOT / "ngram-n3-3392370"), str(tmp_path)])
     assert args.func(args) == 0
-    out = tmp_path / "ngram-k3" / "rep1" / "open_chat" / "c8"
+    out = tmp_path / "screen" / "ngram-k3" / "rep1" / "open_chat" / "c8"
     s = atomic.read_json(out / "summary.json")
     schemas.validate(s, "cell-summary")
     assert s["upstream"]["summary"]["speculative_decoding"]["acceptance_rate"] == s["speculative"]["acceptance_rate"]
     assert len(atomic.read_jsonl(out / "requests.jsonl")) == 24
-    assert (tmp_path / "ngram-k3" / "rep1" / "open_chat" / "c1" / "metrics_after.prom").exists()
+    assert (tmp_path / "screen" / "ngram-k3" / "rep1" / "open_chat" / "c1" / "metrics_after.prom").exists()
     assert "ngram-k3" in capsys.readouterr().out
 
 
@@ -195,8 +195,8 @@ def test_directory_run_imports_the_complete_cells_and_lists_the_incomplete(tmp_p
     err = capsys.readouterr().err
     assert f"incomplete: {bad}: missing metrics_after.prom, summary.json" in err
     assert "1 cell(s) imported, 1 incomplete, 0 with errors" in err
-    assert (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c8" / "summary.json").exists()
-    assert not (out / "draft-k3-tp4" / "rep1" / "open_chat" / "c1").exists()
+    assert (out / "screen" / "draft-k3-tp4" / "rep1" / "open_chat" / "c8" / "summary.json").exists()
+    assert not (out / "screen" / "draft-k3-tp4" / "rep1" / "open_chat" / "c1").exists()
     assert good.exists()
     # asked to be strict: the same run exits non-zero
     assert _cli([str(tmp_path / "up"), str(tmp_path / "out2"), "--strict"]) == 2
@@ -237,3 +237,39 @@ def test_cli_reports_both_definitions_for_the_whole_shared_folder(capsys):
     assert f"{s['latency_ms']['e2e']['p50']:.1f}" in base_c1
     assert f"{s['upstream']['latency_ms_upstream_definition']['e2e']['p50']:.1f}" in base_c1
     assert "ours end at the last content event" in out
+
+
+def test_imported_cells_run_through_tables_and_report(tmp_path):
+    """The raw-cell path end to end: `specstudy import-upstream` -> `specstudy tables` -> `specstudy report`; the
+    figures in the tables are the converted summaries', the deployments carry the scrape's KV pool."""
+    from specstudy.analysis.tables import read_tables
+    from specstudy.cli import main
+
+    results = tmp_path / "results"
+    assert main(["import-upstream", str(SHARED), str(results)]) == 0
+    assert main(["tables", "--results", str(results), "--out", str(results / "tables")]) == 0
+    assert main(["report", "--results", str(results), "--tables", str(results / "tables"),
+                 "--out", str(results / "report")]) == 0
+    t = read_tables(results / "tables")
+    assert len(t["cells"]) == 6 and set(t["cells"]["phase"]) == {"screen"}
+    for _, row in t["cells"].iterrows():
+        s = atomic.read_json(results / "screen" / row["arm"] / "rep1" / row["workload"] / f"c{row['concurrency']}"
+                             / "summary.json")
+        assert row["output_tokens_per_second"] == s["tokens"]["output_tokens_per_second"]
+        assert row["tpot_p50_ms"] == s["latency_ms"]["tpot"]["p50"]
+    deps = t["deployments"].set_index("arm")
+    assert set(deps.index) == {"baseline", "draft-k3-tp4", "ngram-k3"}
+    for arm, d in deps.iterrows():
+        before = next((results / "screen" / arm / "rep1").glob("*/c1/metrics_before.prom")).read_text()
+        assert d["kv_cache_tokens"] == prom.kv_cache_config(before)["kv_cache_tokens"]
+        assert d["provenance.imported_from"].startswith("imported from upstream swiss-ai/apertus-speculative-decoding@")
+        assert d["command"] is None and d["source"] == "deployment.json"
+    rec = atomic.read_json(results / "report" / "recommendation.json")
+    comps = {(c["arm"], c["concurrency"]): c for c in rec["comparisons"]}
+    assert set(comps) == {(a, c) for a in ("draft-k3-tp4", "ngram-k3") for c in (1, 8)}
+    base = t["cells"][(t["cells"]["arm"] == "baseline") & (t["cells"]["concurrency"] == 8)].iloc[0]
+    arm = t["cells"][(t["cells"]["arm"] == "ngram-k3") & (t["cells"]["concurrency"] == 8)].iloc[0]
+    assert comps[("ngram-k3", 8)]["repeats"][0]["speedup"] == \
+        arm["output_tokens_per_second"] / base["output_tokens_per_second"]
+    # one screening round and no confirmation: the rule has nothing to decide on
+    assert rec["recommendation"]["decision"] == "insufficient_evidence"

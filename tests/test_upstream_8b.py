@@ -128,10 +128,24 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     # the sweep layout through the CLI: <out>/<arm>/rep1/<workload>/c<c>
     sweep = DATA / "results" / "8b" / "sweeps"
     assert upstream.cmd_import(_args(sweep, tmp_path / "out")) == 0
-    out = tmp_path / "out" / "dspark-k7" / "rep1" / "probe" / "c8"
+    out = tmp_path / "out" / "screen" / "dspark-k7" / "rep1" / "probe" / "c8"
     assert atomic.read_json(out / "summary.json")["upstream"]["variant"]["method"] == "dspark"
     assert (out / "metrics_after.prom").read_bytes() == (DSPARK / "metrics_after.prom").read_bytes()
-    assert " valid " in next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dspark-k7"))
+    captured = capsys.readouterr()
+    assert " valid " in next(x for x in captured.out.splitlines() if x.startswith("dspark-k7"))
+    # the deployment record: KV from the scrape's cache_config_info, provenance from the manifest, the rest null
+    dep = atomic.read_json(out.parent.parent / "deployment.json")
+    assert dep["deployment_id"] == "calibrate-3619818-dspark-e10-k7" and dep["arm"]["method"] == "dspark"
+    assert dep["cache_config"]["kv_cache_tokens"] == prom.kv_cache_config(
+        (DSPARK / "metrics_before.prom").read_text())["kv_cache_tokens"] == 342693
+    assert dep["provenance"]["imported_from"] == ("imported from upstream swiss-ai/apertus-speculative-decoding@"
+                                                  "869be8c340c7580d761da981075c1a3b48dd4dc4")
+    # this sweep's metadata.json names no target TP (extra.target_tensor_parallel_size): null, with the reason
+    assert "target_tensor_parallel_size" not in atomic.read_json(DSPARK / "metadata.json")["extra"]
+    assert dep["tensor_parallel_size"] is None and "tensor_parallel_size" in dep["provenance"]["fields_not_measured"]
+    assert dep["command"] is None and "command" in dep["provenance"]["fields_not_measured"]
+    # not a project arm: said, not silently dropped by the tables
+    assert "arm 'dspark-k7' is not one of this project's arms" in captured.err
 
 
 def test_deployment_id_of_each_layout(tmp_path):
@@ -167,9 +181,10 @@ def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, cap
     src = tmp_path / "confirm"
     for b in ("c1", "c2", "c3"):
         _block_cell(src, b, meta)
-    out = tmp_path / "results" / "confirm"
-    assert upstream.cmd_import(_args(src, out, phase="confirm")) == 0
-    assert "3 cell(s) imported, 0 incomplete, 0 with errors" in capsys.readouterr().err
+    results = tmp_path / "results"
+    assert upstream.cmd_import(_args(src, results, phase="confirm")) == 0
+    assert "3 cell(s) imported, 0 incomplete, 0 with errors, 3 deployment record(s)" in capsys.readouterr().err
+    out = results / "confirm"
     deps = set()
     for rep in (1, 2, 3):
         cell_dir = out / "eagle3-k2" / f"rep{rep}" / "code" / "c1"
@@ -188,16 +203,17 @@ def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, cap
     m["extra"]["deployment_id"] = "another-deployment"
     (d / "metadata.json").write_text(json.dumps(m))
     with pytest.raises(upstream.UpstreamError, match=r"already holds deployment 'apertus15-8b-eagle31-k2-confirm-c1-"):
-        upstream.import_cell(d, out, "confirm")
+        upstream.import_cell(d, results, "confirm")
     # re-importing the same deployment is fine (same path, same deployment)
-    upstream.import_cell(src / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1", out,
+    upstream.import_cell(src / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1", results,
                          "confirm")
 
 
-def _args(source, out=None, strict=False, phase="upstream"):
+def _args(source, out=None, strict=False, phase="screen", **kw):
     import argparse
 
-    return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase)
+    ns = {"from_summaries": False, "arm": [], "report": None, "source_commit": None, **kw}
+    return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase, **ns)
 
 
 @needs70
@@ -230,30 +246,95 @@ def test_console_shows_throughput_validity(tmp_path, capsys):
     assert upstream.validity_label({"valid": False, "throughput_valid": False}) == "invalid"
 
 
-# ------------------------------------------------------------------------- the analysis vs upstream's report
+# --------------------------------------------------- the pipeline (import, tables, report) vs upstream's report
+IMPORT_ARGS = [str(CONFIRM), "--phase", "confirm", "--from-summaries", "--arm", "eagle31-k2=eagle3-k2",
+               "--report", str(REPORT)]
+
+
 @pytest.fixture(scope="module")
-def analysis():
+def pipeline(tmp_path_factory):
+    """`specstudy import-upstream` the 36 summaries, `specstudy tables`, `specstudy report` (the project's CLI)."""
+    from specstudy.cli import main
+
+    results = tmp_path_factory.mktemp("up8b") / "results"
+    assert main(["import-upstream", IMPORT_ARGS[0], str(results), *IMPORT_ARGS[1:]]) == 0
+    assert main(["tables", "--results", str(results), "--out", str(results / "tables")]) == 0
+    assert main(["report", "--results", str(results), "--tables", str(results / "tables"),
+                 "--out", str(results / "report")]) == 0
     report = json.loads(REPORT.read_text())
-    rows = upstream_confirm.summary_rows(CONFIRM, ARMS)
-    kv = {k: v["kv_cache_tokens"] for k, v in report["deployments"].items()}
-    res = upstream_confirm.analyse(rows, kv)
-    return report, rows, res, upstream_confirm.compare_with_report(res, report, rows, {"k2": "eagle3-k2"})
+    res = upstream_confirm.pipeline_outputs(results / "tables", results / "report" / "recommendation.json")
+    table = upstream_confirm.compare_with_report(res, report, res["rows"], {"k2": "eagle3-k2"})
+    return results, report, res, table
 
 
-def test_the_confirmation_reads_as_three_paired_blocks(analysis):
-    _, rows, res, _ = analysis
-    assert len(rows) == 36 and {r["rep"] for r in rows} == {1, 2, 3}
+def test_summary_only_import_writes_cells_and_deployment_records(pipeline):
+    results, report, _, _ = pipeline
+    sums = sorted((results / "confirm").glob("*/rep*/*/c*/summary.json"))
+    assert len(sums) == 36
+    for path in sums:
+        s = atomic.read_json(path)
+        schemas.validate(s, "cell-summary")
+        up = s["upstream"]["summary"]
+        src = Path(s["upstream"]["cell_dir"]) / "summary.json"
+        assert up == atomic.read_json(src)  # upstream's summary kept verbatim
+        assert s["keys"]["deployment_id"] == src.parents[3].name and f"-confirm-c{s['keys']['rep']}-" in src.parents[3].name
+        # every figure upstream's, TPOT/E2E with upstream's definition named, what cannot be recomputed listed
+        assert s["latency_ms"]["tpot"]["p50"] == up["latency_ms"]["tpot"]["p50"]
+        assert s["tokens"]["output_tokens_per_second"] == up["tokens"]["output_tokens_per_second"]
+        assert [n["code"] for n in s["validity"]["notes"]] == ["summary_only"]
+        assert "upstream's definitions: e2e" in s["validity"]["notes"][0]["detail"].lower()
+        assert s["server_deltas"] == {"available": False, "reason": upstream.SUMMARY_NOT_RECOMPUTED["server_deltas"]}
+        assert s["fingerprint"] is None and "latency_ms.tpot" in s["upstream"]["not_recomputed"]
+    deps = sorted((results / "confirm").glob("*/rep*/deployment.json"))
+    assert [str(p.relative_to(results / "confirm").parent) for p in deps] == [
+        f"{a}/rep{r}" for a in ("baseline", "eagle3-k2") for r in (1, 2, 3)]
+    for path in deps:
+        d = atomic.read_json(path)
+        schemas.validate(d, "deployment", str(path))
+        prov = d["provenance"]
+        # provenance: the data set's manifest (sha256 checked), never a measurement of ours
+        assert prov["imported_from"] == ("imported from upstream swiss-ai/apertus-speculative-decoding@"
+                                         "8ffc38d7a32e5509f51a6dd9fcd48d249b5569dc")
+        assert all(f["commit_source"].endswith("upstream-8b/MANIFEST.md") for f in prov["files"])
+        assert len(prov["files"]) == 6 + (1 if "eagle31-k2-confirm-c1" in d["deployment_id"] else 0)
+        assert d["command"] is None and d["times"] == {"start": None, "ready": None, "stop": None}
+        assert set(prov["fields_not_measured"]) >= {"command", "times", "startup", "confounds"}
+        kv = report["deployments"][d["deployment_id"]]["kv_cache_tokens"]
+        assert d["cache_config"] == {"num_gpu_blocks": None, "block_size": None, "kv_cache_tokens": kv}
+        assert "upstream's stated figure" in prov["cache_config_source"] and prov["summary_only"] is True
+        assert len(d["cells"]) == 6 and {c["status"] for c in d["cells"]} == {"ok"}
+
+
+def test_summary_only_cells_need_the_flag_and_an_arm(tmp_path, capsys):
+    from specstudy.cli import main
+
+    # without --from-summaries the one cell with metadata.json is incomplete (its raw files are not here)
+    assert main(["import-upstream", str(CONFIRM), str(tmp_path / "r"), "--phase", "confirm"]) == 2
+    err = capsys.readouterr().err
+    assert "missing requests.jsonl, metrics_before.prom, metrics_after.prom" in err and "0 cell(s) imported" in err
+    # a deployment whose variant label has no arm is a named error, and nothing of it is imported
+    assert main(["import-upstream", str(CONFIRM), str(tmp_path / "r"), "--phase", "confirm", "--from-summaries"]) == 2
+    err = capsys.readouterr().err
+    # (the one k = 2 cell with metadata.json takes its arm from it: 18 baseline cells + 1)
+    assert "pass --arm eagle31-k2=<arm>" in err and "19 cell(s) imported" in err and "17 with errors" in err
+    # a mapping that contradicts the cell's metadata.json is refused
+    with pytest.raises(upstream.UpstreamError, match=r"maps to arm 'eagle3-k2', but --arm eagle31-k2=eagle3-k3"):
+        upstream.convert_summary(K2_META.parent, "confirm", {"eagle31-k2": "eagle3-k3"})
+
+
+def test_the_confirmation_reads_as_three_paired_blocks(pipeline):
+    _, _, res, _ = pipeline
     comps = res["comparisons"]
     assert {(c["workload"], c["concurrency"]) for c in comps} == {(w, c) for w in ("chat", "code", "summarization")
                                                                   for c in (1, 8)}
     for c in comps:
-        assert c["n_excluded"] == 0 and len(c["repeats"]) == 3
+        assert c["arm"] == "eagle3-k2" and c["n_excluded"] == 0 and len(c["repeats"]) == 3
         for r in c["repeats"]:  # paired within the block, as upstream paired them
             assert f"-confirm-c{r['rep']}-" in r["arm_deployment"] and f"-confirm-c{r['rep']}-" in r["base_deployment"]
 
 
-def test_every_k2_figure_of_upstreams_report_beside_the_projects(analysis):
-    report, rows, res, table = analysis
+def test_every_k2_figure_of_upstreams_report_beside_the_pipelines(pipeline):
+    _, report, res, table = pipeline
     per_cell = {k: v for k, v in report["per_cell"].items() if k.startswith("k2/")}
     covered = {(t["cell"], t["figure"]) for t in table}
     for key, figs in per_cell.items():
@@ -283,8 +364,8 @@ def test_every_k2_figure_of_upstreams_report_beside_the_projects(analysis):
             assert 0 < t["rel_diff"] < 1e-5
 
 
-def test_the_issues_quoted_figures(analysis):
-    report, _, res, table = analysis
+def test_the_issues_quoted_figures(pipeline):
+    _, _, res, table = pipeline
     fig = {(t["cell"], t["figure"]): t["project"] for t in table}
     assert round(fig[("by_depth/2", "geomean_tpot_speedup_all")], 3) == 1.400
     assert round(fig[("by_depth/2", "geomean_tpot_speedup_c1")], 3) == 1.437
@@ -293,47 +374,66 @@ def test_the_issues_quoted_figures(analysis):
     assert round(fig[("k2/code/c1", "geomean")], 3) == 1.950
     assert round(fig[("k2/code/c1", "throughput_speedup_geomean")], 3) == 1.838
     assert round(fig[("k2/code/c1", "acceptance_per_position_mean")][0], 3) == 0.749
+    # the KV loss from the deployments table (stats.memory_costs), i.e. upstream's stated tokens
     assert res["kv_loss"]["eagle3-k2"] == pytest.approx(1 - 438784 / 466144, rel=1e-15)
     assert round(100 * res["kv_loss"]["eagle3-k2"], 1) == 5.9
 
 
-def test_the_projects_rule_on_upstreams_confirmation(analysis):
-    _, _, res, _ = analysis
+def test_the_report_states_the_pipelines_figures(pipeline):
+    results, _, res, _ = pipeline
+    md = (results / "report" / "report.md").read_text()
+    assert "Phases present: confirm." in md and "| eagle3-k2 | missing | no |" in md
+    for c in res["comparisons"]:
+        sp = c["speedup"]
+        row = (f"| {c['workload']} | {c['concurrency']} | eagle3-k2 | {c['absolute']['base_otps']:.1f} | "
+               f"{c['absolute']['arm_otps']:.1f} | {sp['geomean']:.3f} [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}] |")
+        assert row in md, row
+    assert "lost vs baseline: 5.9%" in md
+
+
+def test_the_projects_rule_on_upstreams_confirmation(pipeline):
+    _, _, res, _ = pipeline
     rec = res["recommendation"]
     # no correctness gate of the project's kind exists for these deployments: the rule does not enable
-    assert rec["decision"] == "do_not_enable"
+    assert rec["decision"] == "do_not_enable" and rec["phase"] == "confirm"
     assert rec["candidates"][0]["blockers"] == ["no confirm gate verdict"]
+    assert rec["stability"]["agreement"] == 1.0
     # on performance alone every cell shows a gain (interval above 1.05) and the decision is stable
-    cf = res["recommendation_if_gate_passed"]
+    cf = upstream_confirm.counterfactual(res["comparisons"])
     assert cf["decision"] == "enable" and cf["enable"] == "eagle3-k2"
     cand = cf["candidates"][0]
     assert set(cand["status"].values()) == {"gain"}
     assert all(j["lo"] > 1.05 for j in cand["cells"].values())
-    assert min(j["lo"] for j in cand["cells"].values()) == pytest.approx(
-        min(j["lo"] for k, j in cand["cells"].items() if k == "summarization@c8"))
+    # the pipeline's own per-cell intervals are the counterfactual's (one rule, one source)
+    assert {k: (j["lo"], j["hi"]) for k, j in rec["candidates"][0]["cells"].items()} == \
+        {k: (j["lo"], j["hi"]) for k, j in cand["cells"].items()}
     assert cf["stability"]["agreement"] == 1.0 and cf["stability"]["rounds"] == 3
 
 
-def test_cli_prints_the_comparison(capsys, tmp_path):
-    assert upstream_confirm.main([str(CONFIRM), str(REPORT), "--arm", "eagle31-k2=eagle3-k2", "--depth",
-                                  "k2=eagle3-k2", "--json", str(tmp_path / "r.json")]) == 0
+def test_cli_prints_the_comparison(pipeline, capsys, tmp_path):
+    results = pipeline[0]
+    args = [str(REPORT), "--tables", str(results / "tables"), "--recommendation",
+            str(results / "report" / "recommendation.json"), "--depth", "k2=eagle3-k2"]
+    assert upstream_confirm.main([*args, "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "decision (gates as they stand): do_not_enable" in out
+    assert "pipeline decision" in out and ": do_not_enable" in out
     assert "decision if the correctness gate passed: enable eagle3-k2" in out
     assert json.loads((tmp_path / "r.json").read_text())["comparison"]
-    with pytest.raises(upstream_confirm.UpstreamConfirmError, match=r"variant 'eagle31-k2' has no arm"):
-        upstream_confirm.summary_rows(CONFIRM, {"baseline": "baseline"})
+    with pytest.raises(upstream_confirm.UpstreamConfirmError, match=r"no recommendation.json; run `specstudy report"):
+        upstream_confirm.pipeline_outputs(results / "tables", tmp_path / "nope" / "recommendation.json")
 
 
-def test_the_production_rule_bonferroni_looks_and_traffic_mix(capsys):
+def test_the_production_rule_obrien_fleming_looks_and_traffic_mix(pipeline, capsys):
     """The Clariden pre-registration's rule (issue 28: non-inferiority at 5 %, any gain, O'Brien-Fleming looks from
     3 to 10 rounds) with its traffic mix over upstream's workload names (open_chat -> chat): at upstream's 3 blocks
     the first look spends almost no alpha, so the noisy c8 cells stay undecided and the capped data set cannot enable."""
+    results = pipeline[0]
     cfg = Path(__file__).resolve().parents[1] / "config" / "clariden-70b.yaml"
-    assert upstream_confirm.main([str(CONFIRM), str(REPORT), "--arm", "eagle31-k2=eagle3-k2", "--depth", "k2=eagle3-k2",
+    assert upstream_confirm.main([str(REPORT), "--tables", str(results / "tables"), "--recommendation",
+                                  str(results / "report" / "recommendation.json"), "--depth", "k2=eagle3-k2",
                                   "--config", str(cfg), "--traffic-mix", "chat=0.6,code=0.3,summarization=0.1"]) == 0
     out = capsys.readouterr().out
-    assert "rule: pre-registration; min_gain 0.0, max_regression 0.05" in out
+    assert "counterfactual rule: pre-registration; min_gain 0.0, max_regression 0.05" in out
     assert "traffic mix {'chat': 0.6, 'code': 0.3, 'summarization': 0.1}" in out
     mix = re.search(r"eagle3-k2 mix@c1 +throughput speedup ([0-9.]+) \[([0-9.]+), ([0-9.]+)\] gain", out)
     assert mix and 1.0 < float(mix[2]) < float(mix[1]) < float(mix[3])
@@ -341,4 +441,3 @@ def test_the_production_rule_bonferroni_looks_and_traffic_mix(capsys):
         assert re.search(rf"eagle3-k2 {cell} +throughput speedup [0-9.]+ \[0\.[0-9]+, [0-9.]+\] inconclusive", out), cell
     assert "decision if the correctness gate passed: do_not_enable" in out
     assert "non-inferiority not shown (interval reaches below 0.95) on chat@c8, summarization@c8" in out
-    assert "decision (gates as they stand): do_not_enable" in out

@@ -51,6 +51,11 @@ def workflow_copy(dest: Path) -> Path:
     # A copy, not a link: rule fixture_models declares scripts/specstudy/inputs/fixture_models.py as an input, and the
     # faked outputs must be newer than it (fake_screening ages every file of the copy).
     shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # The DAG tests' own design (tests/data/dag-*.yaml: 5 screening arms at c1/c4, one drift baseline,
+    # confirmation 3 -> 5 rounds): the shipped embedded study is sized for a 20-minute `make study` (issue 31)
+    # and its shape is checked in tests/test_plan.py and tests/test_progress.py.
+    shutil.copy(ROOT / "tests/data/dag-config.yaml", dest / "config/config.yaml")
+    shutil.copy(ROOT / "tests/data/dag-preregistration.yaml", dest / "config/preregistration.yaml")
     return dest
 
 

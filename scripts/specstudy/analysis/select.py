@@ -10,6 +10,8 @@ Rule (from the pre-registration file, locked before screening):
   is also kept if it has a lower memory cost (larger KV-cache pool) or better worst-workload
   behaviour (a lower maximum score over workloads) than the best.
 - With ``best_ngram``, the n-gram setting with the lowest mean score over workloads is also kept.
+- With ``max_candidates`` N, only the N candidates with the lowest mean score over workloads go to
+  confirmation; the others are listed under ``capped`` with their mean score.
 - Arms whose screening correctness gate failed (verdict ``fail``) are never candidates: they are
   listed under ``gate_excluded`` and left out of the ranking.
 - Confirmation arms = baseline + the candidates.
@@ -125,6 +127,16 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
             best_ngram = mean_scores[0][1]
             candidates[best_ngram].append("best n-gram setting (mean score over workloads)")
     order = sorted(candidates)
+    capped = []
+    cap = rule.get("max_candidates")
+    if cap is not None and len(order) > int(cap):
+        # keep the ``max_candidates`` with the lowest mean score over workloads (ties: by name); the rest are
+        # recorded with the reason, never silently dropped
+        mean = {a: sum(scores[a].values()) / len(scores[a]) for a in order}
+        kept = sorted(order, key=lambda a: (mean[a], a))[:int(cap)]
+        capped = [{"arm": a, "mean_score": mean[a], "why": f"max_candidates {cap}: mean score {mean[a]:.4f} is not "
+                   f"among the {cap} lowest"} for a in order if a not in kept]
+        order = sorted(kept)
     return {
         "schema": "specstudy.selection/1",
         "rule": rule,
@@ -135,6 +147,7 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
         "best_ngram": best_ngram,
         "candidates": [{"arm": a, "why": candidates[a]} for a in order],
         "confirmation_arms": ["baseline"] + order,
+        **({"capped": capped} if cap is not None else {}),
         "excluded_cells": excluded,
         "screening_gates": {a: v for a, v in sorted(gate_verdicts.items())},
         "gate_excluded": [{"arm": a, "why": why} for a, why in sorted(gate_excluded.items())],

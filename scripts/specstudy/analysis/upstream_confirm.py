@@ -1,21 +1,21 @@
-"""The project's analysis on upstream's 8B EAGLE confirmation, at summary level, beside upstream's own report.
+"""Upstream's 8B confirmation report beside the project's pipeline run on the same cells.
 
-Upstream (swiss-ai/apertus-speculative-decoding) ran the confirmation as one deployment per arm and block
-(``results/8b/eagle/confirm/<prefix>-<variant>-confirm-<block>-<stamp>/cells/<workload>/c<c>/``) and
-summarised it in ``results/8b/eagle/confirm-report.json``. This module reads the cells' upstream
-``summary.json`` files (the raw request rows and scrapes are what ``specstudy import-upstream`` needs; these
-summaries are all the data set in ``tests/data/upstream-8b`` carries, see its MANIFEST.md), turns them into
-the cell rows :func:`specstudy.inference.stats.comparisons` takes (block = repeat, so arm and baseline pair within a
-block exactly as upstream paired them), and runs the project's comparisons, decision rule and stability on
-them. :func:`compare_with_report` puts every per-cell figure of upstream's report beside the project's.
+The figures are the pipeline's: ``specstudy import-upstream <confirm> <results> --phase confirm
+--from-summaries`` imports upstream's cells (block = repeat, so arm and baseline pair within a block exactly
+as upstream paired them; ``docs/upstream-8b.md``), ``specstudy tables`` builds the tables and ``specstudy
+report`` runs the comparisons, the decision rule and its stability and writes ``recommendation.json``. This
+module only does what the pipeline does not: :func:`compare_with_report` puts every figure upstream's
+``confirm-report.json`` states beside the pipeline's (from ``recommendation.json`` and the cells table),
+with the definition named where the two differ; :func:`counterfactual` re-applies the same rule as if the
+correctness gate had passed (no gate record of the project's kind exists for upstream's deployments, so
+the pipeline's decision stays ``do_not_enable``), optionally under another study's pre-registration.
 
 Definitions (docs/upstream-8b.md):
 
-* TPOT and TTFT p50 are **upstream's** here (a summary carries no rows to recompute ours from): TPOT =
-  (e2e - ttft) / (completion_tokens - 1) with e2e to the end of the stream, usage chunk and ``[DONE]``
-  included. The project's own TPOT ends at the last content event (docs/metrics.md "Upstream 70B cells").
-* Output tokens/s is upstream's summary value (completion tokens / upstream's wall), which is also what
-  the importer's converted summary carries (it takes upstream's wall), so throughput is the same quantity.
+* TPOT and E2E p50 are **upstream's** in a summary-only import (a summary carries no rows to recompute
+  ours from): TPOT = (e2e - ttft) / (completion_tokens - 1) with e2e to the end of the stream, usage chunk
+  and ``[DONE]`` included. The project's own TPOT ends at the last content event (docs/metrics.md).
+* Output tokens/s is completion tokens / upstream's wall in both, so throughput is the same quantity.
 * Acceptance: the project's comparison reports the **median** over blocks; upstream's report the **mean**.
 """
 
@@ -24,16 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.inference import decision, stats
 
-DEPLOYMENT_RE = re.compile(r"^(?P<prefix>.+?)-(?P<variant>baseline|[A-Za-z0-9_]+-k[0-9]+)-confirm-(?P<block>c[0-9]+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)$")
-# the valid-cell threshold of specstudy.measure.cell (DEFAULT_THRESHOLDS['min_success_rate'])
-MIN_SUCCESS_RATE = 0.99
 DEFINITIONS = {
     "tpot_speedup": "baseline TPOT p50 / arm TPOT p50 per block (upstream's TPOT: to the end of the stream); "
                     "geometric mean over blocks. Project: 1 / geomean of stats.comparisons' tpot_ratio (arm / "
@@ -42,82 +38,45 @@ DEFINITIONS = {
                           "geomean of stats.comparisons' speedup - the same quantity",
     "acceptance_rate": "upstream: arithmetic mean over blocks of accepted/draft tokens; project: median over blocks "
                        "(stats.comparisons absolute.acceptance_rate) - different summary of the same per-block values",
-    "kv_loss": "1 - arm KV-cache tokens / baseline KV-cache tokens (stats.memory_costs, median over deployments); "
-               "upstream states the tokens per deployment",
+    "kv_loss": "1 - arm KV-cache tokens / baseline KV-cache tokens (stats.memory_costs over the deployments table, "
+               "median over deployments); upstream states the tokens per deployment",
 }
 
 
 class UpstreamConfirmError(ValueError):
-    """A confirmation directory or report is malformed; the message names the file and field."""
-
-
-def parse_deployment(name: str) -> dict:
-    m = DEPLOYMENT_RE.match(name)
-    if not m:
-        raise UpstreamConfirmError(f"{name}: not an upstream confirmation deployment name "
-                                   "(<prefix>-<variant>-confirm-c<block>-<YYYYMMDDTHHMMSSZ>)")
-    return {"variant": m["variant"], "block": m["block"], "rep": int(m["block"][1:]), "stamp": m["stamp"]}
-
-
-def summary_rows(root: str | Path, arms: dict[str, str]) -> list[dict]:
-    """One cell row per ``<root>/<deployment>/cells/<workload>/c<c>/summary.json``.
-
-    ``arms`` maps upstream's variant label in the deployment name (``baseline``, ``eagle31-k2``) to the
-    project's arm name (the importer's :func:`specstudy.analysis.upstream.arm_of` on the cell's metadata gives it);
-    a deployment whose label is not in ``arms`` is an error naming it."""
-    root = Path(root)
-    rows = []
-    for path in sorted(root.glob("*/cells/*/c*/summary.json")):
-        dep = path.parents[3].name
-        d = parse_deployment(dep)
-        if d["variant"] not in arms:
-            raise UpstreamConfirmError(f"{path}: deployment variant {d['variant']!r} has no arm; pass it in arms "
-                                       f"(known: {sorted(arms)})")
-        s = atomic.read_json(path)
-        try:
-            req, tok, lat = s["requests"], s["tokens"], s["latency_ms"]
-            spec = s.get("speculative_decoding") or {}
-            conc = int(path.parent.name[1:])
-            valid = req["attempted"] > 0 and req["success_rate"] >= MIN_SUCCESS_RATE
-            rows.append({
-                "phase": "confirm", "kind": "repeat", "arm": arms[d["variant"]], "rep": d["rep"],
-                "workload": path.parents[1].name, "concurrency": conc, "deployment_id": dep,
-                "valid": valid, "latency_valid": valid, "throughput_valid": valid,
-                "invalid_reasons": None if valid else f"success_rate {req['success_rate']} < {MIN_SUCCESS_RATE}",
-                "output_tokens_per_second": tok["output_tokens_per_second"],
-                "tpot_p50_ms": lat["tpot"]["p50"], "ttft_p50_ms": lat["ttft"]["p50"],
-                "e2e_p50_ms": lat["e2e"]["p50"],
-                "acceptance_rate": spec.get("acceptance_rate"),
-                "mean_acceptance_length": spec.get("mean_acceptance_length"),
-                "per_position": [spec["acceptance_rate_per_position"][k]
-                                 for k in sorted(spec.get("acceptance_rate_per_position") or {}, key=int)],
-                "source": str(path),
-            })
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UpstreamConfirmError(f"{path}: upstream summary lacks a field the analysis needs ({exc!r})") from None
-    if not rows:
-        raise UpstreamConfirmError(f"{root}: no <deployment>/cells/<workload>/c<c>/summary.json found")
-    return rows
+    """A pipeline output or upstream's report is missing or malformed; the message names the file and the fix."""
 
 
 def geomean(vals: list[float]) -> float:
     return math.exp(math.fsum(math.log(v) for v in vals) / len(vals))
 
 
-def analyse(rows: list[dict], kv_tokens: dict[str, int] | None = None, config: dict | None = None,
-            prereg: dict | None = None) -> dict:
-    """The project's comparisons, recommendation (with the correctness gate as it stands: none) and a
-    performance-only counterfactual (the same rule with a passing gate), plus the KV cost."""
-    comps = stats.comparisons(rows, config)
+def pipeline_outputs(tables: str | Path, recommendation: str | Path) -> dict:
+    """The pipeline's comparisons, recommendation and KV loss (``recommendation.json`` of ``specstudy report``)
+    and the confirm rows of the cells table (for the per-block E2E and per-position figures the comparisons
+    do not carry)."""
+    from specstudy.analysis.tables import read_tables
+
+    rec_path = Path(recommendation)
+    if not rec_path.is_file():
+        raise UpstreamConfirmError(f"{rec_path}: no recommendation.json; run `specstudy report --results <results> "
+                                   f"--tables {tables} --out {rec_path.parent}` first")
+    rec = atomic.read_json(rec_path)
+    cells = [c for c in stats._records(read_tables(tables)["cells"]) if c["phase"] == "confirm"]
+    if not cells:
+        raise UpstreamConfirmError(f"{tables}: no confirm cells in the cells table; import upstream's confirmation with "
+                                   "`specstudy import-upstream <confirm> <results> --phase confirm --from-summaries`")
+    comps = [c for c in rec["comparisons"] if c["phase"] == "confirm"]
+    rows = [{**c, "per_position": list(c.get("per_position_acceptance") or [])} for c in cells]
+    return {"comparisons": comps, "recommendation": rec["recommendation"], "kv_loss": rec["memory_costs"],
+            "rows": rows}
+
+
+def counterfactual(comps: list[dict], config: dict | None = None, prereg: dict | None = None) -> dict:
+    """The pipeline's rule (``decision.recommend``) on the same comparisons with a passing confirm gate for every
+    arm: what the rule would decide on performance alone. Not a decision: no such gate exists."""
     arms = sorted({c["arm"] for c in comps})
-    as_is = decision.recommend(comps, [], config, prereg)
-    counterfactual = decision.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config,
-                                     prereg)
-    deployments = [{"arm": r["arm"], "deployment_id": r["deployment_id"], "kv_cache_tokens": (kv_tokens or {}).get(
-        r["deployment_id"])} for r in rows]
-    uniq = {d["deployment_id"]: d for d in deployments}.values()
-    return {"comparisons": comps, "recommendation": as_is, "recommendation_if_gate_passed": counterfactual,
-            "kv_loss": stats.memory_costs(list(uniq)), "definitions": DEFINITIONS}
+    return decision.recommend(comps, [{"arm": a, "phase": "confirm", "verdict": "pass"} for a in arms], config, prereg)
 
 
 def _rel(a, b):
@@ -242,27 +201,26 @@ def _fmt(v):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specstudy.analysis.upstream_confirm",
-                                description="The project's comparisons and decision rule on upstream's 8B EAGLE "
-                                "confirmation summaries, beside upstream's confirm-report.json")
-    p.add_argument("confirm_root", help="…/results/8b/eagle/confirm")
-    p.add_argument("report", help="…/results/8b/eagle/confirm-report.json")
-    p.add_argument("--arm", action="append", default=[], metavar="LABEL=ARM",
-                   help="upstream variant label in the deployment names -> project arm, e.g. eagle31-k2=eagle3-k2 "
-                   "(baseline=baseline is implied)")
+                                description="Upstream's confirm-report.json beside the pipeline's tables and report on "
+                                "the imported confirmation (specstudy import-upstream, tables, report)")
+    p.add_argument("report", help="upstream's results/8b/eagle/confirm-report.json")
+    p.add_argument("--tables", default="results/tables", help="the tables `specstudy tables` built (default: "
+                   "results/tables)")
+    p.add_argument("--recommendation", default="results/report/recommendation.json",
+                   help="recommendation.json of `specstudy report` on those tables")
     p.add_argument("--depth", action="append", default=[], metavar="LABEL=ARM",
                    help="upstream report depth label -> project arm, e.g. k2=eagle3-k2")
-    p.add_argument("--config", help="study config whose decision rule applies (its pre-registration's margins and "
-                   "looks, its recommendation settings); default: the analysis defaults, one look")
+    p.add_argument("--config", help="study config whose decision rule the counterfactual applies (its "
+                   "pre-registration's margins and looks); default: the analysis defaults, one look")
     p.add_argument("--traffic-mix", metavar="W=SHARE,...",
                    help="traffic mix (output-token shares) over upstream's workload names (chat, code, "
-                   "summarization), replacing the pre-registration's traffic.mixture, e.g. "
+                   "summarization), replacing the pre-registration's traffic.mixture in the counterfactual, e.g. "
                    "chat=0.6,code=0.3,summarization=0.1")
-    p.add_argument("--json", help="write the whole result as JSON here")
+    p.add_argument("--json", help="write the comparison and the counterfactual as JSON here")
     a = p.parse_args(argv)
     config = prereg = None
     if a.config:
-        from specstudy.study.config import load_config
-        from specstudy.study.prereg import load_prereg
+        from specstudy.study.config import load_config, load_prereg
 
         config = load_config(a.config)
         if (config.get("study") or {}).get("preregistration"):
@@ -274,34 +232,32 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--traffic-mix {a.traffic_mix!r}: expected W=SHARE pairs separated by commas")
         # upstream's workload names differ from the study's: the given mixture replaces the declared one
         prereg = {**(prereg or {}), "traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": mix}}
-    arms = {"baseline": "baseline", **dict(x.split("=", 1) for x in a.arm)}
     report = json.loads(Path(a.report).read_text(encoding="utf-8"))
-    rows = summary_rows(a.confirm_root, arms)
-    kv = {k: v.get("kv_cache_tokens") for k, v in (report.get("deployments") or {}).items()}
-    res = analyse(rows, kv, config, prereg)
-    table = compare_with_report(res, report, rows, dict(x.split("=", 1) for x in a.depth))
+    res = pipeline_outputs(a.tables, a.recommendation)
+    table = compare_with_report(res, report, res["rows"], dict(x.split("=", 1) for x in a.depth))
     for t in table:
         print(f"{t['cell']:<22} {t['figure']:<28} upstream {_fmt(t['upstream']):>12} project {_fmt(t['project']):>12} "
               f"rel {_fmt(t.get('rel_diff')):>10}  {t['note']}")
-    rec, cf = res["recommendation"], res["recommendation_if_gate_passed"]
-    print(f"rule: {res['recommendation']['rule']['source']}; min_gain {res['recommendation']['rule']['min_gain']}, "
-          f"max_regression {res['recommendation']['rule']['max_regression']}, look confidence "
-          f"{res['recommendation']['rule']['look_confidence']:.4f}; traffic mix "
-          f"{((prereg or {}).get('traffic') or {}).get('mixture') or 'equal'}")
-    for c in res["recommendation_if_gate_passed"]["candidates"]:
+    rec = res["recommendation"]
+    print(f"pipeline decision ({a.recommendation}): {rec['decision']} {rec.get('enable') or ''}")
+    for c in rec["candidates"]:
+        print(f"  {c['arm']}: blockers: {'; '.join(c['blockers']) or 'none'}")
+    cf = counterfactual(res["comparisons"], config, prereg)
+    print(f"counterfactual rule: {cf['rule']['source']}; min_gain {cf['rule']['min_gain']}, "
+          f"max_regression {cf['rule']['max_regression']}, look confidence {cf['rule']['look_confidence']:.4f}; "
+          f"traffic mix {((prereg or {}).get('traffic') or {}).get('mixture') or 'equal'}")
+    for c in cf["candidates"]:
         for k, j in {**c["cells"], **c.get("mixture", {})}.items():
             print(f"  {c['arm']} {k:<18} throughput speedup {_fmt(j['geomean'])} [{_fmt(j['lo'])}, {_fmt(j['hi'])}] "
                   f"{j['verdict']}")
-    print(f"decision (gates as they stand): {rec['decision']} {rec['enable'] or ''}")
-    for c in rec["candidates"]:
-        print(f"  {c['arm']}: blockers: {'; '.join(c['blockers']) or 'none'}")
     print(f"decision if the correctness gate passed: {cf['decision']} {cf['enable'] or ''}")
     for c in cf["candidates"]:
         print(f"  {c['arm']}: cells {c['status']}; blockers: {'; '.join(c['blockers']) or 'none'}")
     print(f"stability: {cf['stability'].get('note') or cf['stability'].get('outcomes')}")
     print(f"KV-cache loss: {res['kv_loss']}")
     if a.json:
-        atomic.write_json(a.json, {"result": res, "comparison": table})
+        atomic.write_json(a.json, {"comparison": table, "recommendation_if_gate_passed": cf,
+                                   "definitions": DEFINITIONS})
     return 0
 
 

@@ -25,6 +25,7 @@ from specstudy.core.records import Plan, read_plan
 from specstudy.deployment import DeploymentError, launch, launchlog, provenance, readiness, records, utcnow
 from specstudy.job.spec import deployment_spec, engine_flat, fingerprint, fingerprint_context, load_settings
 from specstudy.measure import prom, telemetry
+from specstudy.study.plan import request_counts
 
 
 def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, settings: dict | None = None,
@@ -62,22 +63,6 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, 
 
 #: warm-up requests of a per-request-seed cell draw their seeds from here on (never a measured request's seed)
 WARMUP_SEED_OFFSET = 1_000_000
-
-
-def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
-    """(measured, warm-up) request counts of a cell at ``concurrency``.
-
-    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
-    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
-    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
-    concurrency 1 long.
-    """
-    def pick(by_key: str, default_key: str) -> int:
-        by = settings.get(by_key) or {}
-        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
-        return int(settings[default_key] if value is None else value)
-
-    return pick("requests_by_concurrency", "requests"), pick("warmup_requests_by_concurrency", "warmup_requests")
 
 
 def _cell_rel(cell: dict) -> str:

@@ -99,7 +99,7 @@ def _reason(code: str, detail: str) -> dict:
 
 
 # Disclosed limits of a check that could only be made in part; they change no validity flag.
-NOTE_CODES = ("foreign_traffic_partial", "foreign_traffic_unchecked", "jit_in_window")
+NOTE_CODES = ("foreign_traffic_partial", "foreign_traffic_unchecked", "jit_in_window", "summary_only")
 
 
 def _note(code: str, detail: str) -> dict:

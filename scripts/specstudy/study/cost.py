@@ -32,7 +32,7 @@ from pathlib import Path
 
 from specstudy.core.stat_util import median
 from specstudy.study import plan as planmod
-from specstudy.study.plan import CORE_PHASES
+from specstudy.study.plan import CORE_PHASES, request_counts
 
 DEFAULTS = {
     "startup_s": 60.0,
@@ -183,7 +183,6 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
         return float(declared["seconds_per_request"]) * c ** (-float(declared["concurrency_exponent"]))
 
     cells_cfg = cfg["cells"]
-    n_req, n_warm = int(cells_cfg["requests"]), int(cells_cfg["warmup_requests"])
     phases = []
     screen = planmod.make_plan(cfg, "screen")
     sel_path = Path(results) / "selection" / "selection.json"
@@ -203,6 +202,7 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
             t = startup + smoke + stop
             for cell in dep["cells"]:
                 c = int(cell["concurrency"])
+                n_req, n_warm = request_counts(cells_cfg, c)  # the counts the deployment job itself sends
                 t += (n_req + n_warm) * per_request(c) + drain
                 cells += 1
                 reqs += n_req
