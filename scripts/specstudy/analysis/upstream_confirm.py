@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     config = prereg = None
     if a.config:
-        from specstudy.study.config import load_config, load_prereg
+        from specstudy.study.config import load_config
+        from specstudy.study.prereg import load_prereg
 
         config = load_config(a.config)
         if (config.get("study") or {}).get("preregistration"):
