@@ -10,6 +10,6 @@
 - :mod:`.plan` — the factorial of deployments and cells, and their counterbalanced order;
 - :mod:`.cost` and :mod:`.duty` — the study's cost preview and the duty cycle it is estimated from;
 - :mod:`.plan_cli` — ``specstudy plan`` (plan, lock, ``--cost``);
-- :mod:`.checkconfig`, :mod:`.preflight`, :mod:`.rerun` — ``check-config``, the workflow's preflight,
-  ``specstudy rerun``.
+- :mod:`.checkconfig`, :mod:`.preflight`, :mod:`.snakemake_preflight`, :mod:`.rerun` — ``check-config``,
+  the workflow's preflight, a raw ``snakemake`` command line's config files and targets, ``specstudy rerun``.
 """
