@@ -134,7 +134,7 @@ def test_a_second_process_waits_for_the_first_and_reuses_its_build(tmp_path, mon
         import fcntl, sys, time
         sys.path.insert(0, {str(ROOT / 'scripts')!r})
         from pathlib import Path
-        from specstudy import atomic
+        from specstudy.core import atomic
         dest = Path({str(dest)!r})
         with open(dest.parent / (dest.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

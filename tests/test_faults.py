@@ -408,7 +408,7 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
 SIGINT_JOB = r"""
 import json, sys, threading
 sys.path.insert(0, sys.argv[1])
-from specstudy import loadgen
+from specstudy.measure import loadgen
 from specstudy.deployment import launch
 from specstudy.job.run import run_deployment
 

@@ -332,7 +332,7 @@ def test_env_puts_the_checkouts_package_before_the_installed_copy(tmp_path):
     first, second = pythonpath.split('"')[1].split("$")[0].rstrip(":").split(":")[:2]
     assert first == str(ROOT.resolve() / "scripts") and second == str(site)
     # and that package finds the checkout's schemas
-    code = "from specstudy import schemas; schemas.load_schema('corpus-spec'); print('ok')"
+    code = "from specstudy.core import schemas; schemas.load_schema('corpus-spec'); print('ok')"
     r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": first, "PATH": "/usr/bin:/bin"},
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.stdout.strip() == "ok", r.stderr

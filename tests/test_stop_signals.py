@@ -145,8 +145,9 @@ def test_server_reports_stopping_while_its_stop_runs(tmp_path, monkeypatch):
 JOB = r"""
 import json, os, signal, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
-from specstudy import atomic, gate
-from specstudy import cell as cellmod
+from specstudy.core import atomic
+from specstudy.analysis import gate
+from specstudy.measure import cell as cellmod
 from specstudy.deployment import launch
 from specstudy.job.run import run_deployment
 
