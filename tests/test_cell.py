@@ -246,9 +246,10 @@ def fake_loadgen(monkeypatch, calls):
 
     mod.run_closed_loop = run_closed_loop
     monkeypatch.setitem(sys.modules, "specstudy.measure.loadgen", mod)
-    import specstudy
+    import specstudy.measure
 
-    monkeypatch.setattr(specstudy, "loadgen", mod, raising=False)
+    # `from specstudy.measure import loadgen` reads the package's attribute once the real module was imported
+    monkeypatch.setattr(specstudy.measure, "loadgen", mod, raising=False)
 
 
 def test_run_cell_with_unreachable_metrics(tmp_path, monkeypatch):
