@@ -129,7 +129,7 @@ def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[
     (before that step the suppressed and the natural greedy paths are the same tokens)."""
     import torch
 
-    inp = torch.tensor([prompt_ids], dtype=torch.long)
+    inp = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     with torch.no_grad():
         gen = target.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=n, min_new_tokens=n,
                               do_sample=False, pad_token_id=target.config.pad_token_id,
@@ -144,16 +144,19 @@ def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[
 
 
 def measure(models_dir: str | Path, sets: dict[str, list[dict]], ks: list[int], max_new_tokens: int = 64,
-            max_model_len: int = 1024, threads: int = 2, log=print) -> dict:
-    """Acceptance per set × stratum × k on the fixture models under ``models_dir/{target,draft}``."""
+            max_model_len: int = 1024, threads: int = 2, log=print, dtype: str = "float32", device: str = "cpu") -> dict:
+    """Acceptance per set × stratum × k on the fixture models under ``models_dir/{target,draft}``, computed
+    in ``dtype`` on ``device`` (the study's figure: float32 on CPU; benchmarks/acceptance_gap.py compares
+    others against a served engine)."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     torch.set_num_threads(threads)
     models_dir = Path(models_dir)
     tok = AutoTokenizer.from_pretrained(str(models_dir / "target"))
-    target = LlamaForCausalLM.from_pretrained(str(models_dir / "target"), dtype=torch.float32).eval()
-    draft = LlamaForCausalLM.from_pretrained(str(models_dir / "draft"), dtype=torch.float32).eval()
+    dt = getattr(torch, dtype)
+    target = LlamaForCausalLM.from_pretrained(str(models_dir / "target"), dtype=dt).eval().to(device)
+    draft = LlamaForCausalLM.from_pretrained(str(models_dir / "draft"), dtype=dt).eval().to(device)
     per_prompt: dict[str, list[dict]] = {}
     for name, prompts in sets.items():
         rows = []
