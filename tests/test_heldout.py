@@ -181,3 +181,29 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     (res / "models" / "fixture" / "heldout.json").unlink()
     report.build(res, res / "tables", {}, res / "report2")
     assert "Not measured: no results/models/fixture/heldout.json" in (res / "report2" / "report.md").read_text()
+
+
+def test_measure_computes_in_the_requested_dtype(fixture_models, monkeypatch):
+    """benchmarks/acceptance_gap.py compares engines per dtype: measure() must load both models in that dtype
+    (read from the loaded weights, not from the argument) and refuse a dtype torch does not have."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    loaded = []
+    real = LlamaForCausalLM.from_pretrained.__func__
+
+    def spy(cls, *a, **kw):
+        model = real(cls, *a, **kw)
+        loaded.append(next(model.parameters()).dtype)
+        return model
+
+    monkeypatch.setattr(LlamaForCausalLM, "from_pretrained", classmethod(spy))
+    prompts = heldout.read_prompts(HELDOUT)[:2]
+    for dt in ("bfloat16", "float32"):
+        loaded.clear()
+        rows = heldout.measure(fixture_models["dir"], {"p": prompts}, [2], max_new_tokens=8, dtype=dt,
+                               log=lambda *_: None)["p"]
+        assert loaded == [getattr(torch, dt)] * 2, dt
+        assert [r["tokens"] for r in rows] == [8, 8]
+    with pytest.raises(AttributeError):
+        heldout.measure(fixture_models["dir"], {"p": prompts[:1]}, [2], max_new_tokens=4, dtype="float31")
