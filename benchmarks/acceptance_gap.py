@@ -16,30 +16,30 @@ It prints both and the ratio served / offline per (dtype, k). A ratio near 1 in 
 counts what the pair does (the pair is the cause); a ratio far from 1 in one dtype or engine says the engine.
 
     python benchmarks/acceptance_gap.py --models results/models/fixture --k 2,3 --dtypes float32,bfloat16 \
-        [--device cuda] [--serve] [--max-tokens 64] [--json out.json]
+        [--device cuda] [--serve --config config/config.yaml] [--max-tokens 64] [--json out.json]
 
 ``--serve`` starts real servers (run it alone on CPU: ``flock /tmp/specstudy-heavy.lock``); without it only
-the offline figures are computed. On the GPU machine: ``--device cuda --serve`` (docs/gpu.md).
+the offline figures are computed. Servers start through the deployment job's own launcher and readiness check
+with the engine settings of ``--config``. On the GPU machine: ``--device cuda --serve --config
+config/gpu-h200.yaml`` (docs/gpu.md; the run of 2026-12-02 used this script's first version, which started
+``python -m vllm.entrypoints.openai.api_server`` itself with ``--enforce-eager --gpu-memory-utilization 0.3``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from specstudy.inputs import heldout  # noqa: E402
 from specstudy.measure import prom  # noqa: E402
-
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCH_NUM_THREADS")
 
 
 def offline(models: Path, prompts: list[dict], ks: list[int], dtype: str, device: str, max_tokens: int) -> dict:
@@ -52,57 +52,39 @@ def offline(models: Path, prompts: list[dict], ks: list[int], dtype: str, device
             "mean_natural_tokens": sets["natural"]["mean_tokens"]}
 
 
-def _get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
+def served(engine: dict, models: Path, prompts: list[dict], k: int, dtype: str, max_tokens: int, logdir: Path) -> dict:
+    """One real server, launched and waited for exactly as a deployment job does it (the study config's engine
+    settings: env, thread counts, extra arguments, session), with the fixture pair of ``models`` in ``dtype``;
+    the draft arm at depth k; the prompts greedily, one at a time."""
+    import httpx
 
+    from specstudy.deployment import launch, readiness
+    from specstudy.job.spec import engine_flat
 
-def served(models: Path, prompts: list[dict], k: int, dtype: str, max_tokens: int, port: int, logdir: Path,
-           extra_args: list[str], ready_timeout: float) -> dict:
-    """One real server: the draft arm at depth k in dtype; the prompts greedily, one at a time."""
-    env = {n: v for n, v in os.environ.items() if n not in THREAD_VARS}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = json.dumps({"method": "draft_model", "model": str(models / "draft"), "num_speculative_tokens": k})
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "target"),
-           "--served-model-name", "target", "--dtype", dtype, "--max-model-len", "1024", "--port", str(port),
-           "--no-enable-prefix-caching", "--speculative-config", spec, *extra_args]
-    logdir.mkdir(parents=True, exist_ok=True)
-    log_path = logdir / f"serve-{dtype}-k{k}.log"
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        # the server stays in this process's session (docs/deployments.md: autogroup starvation)
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode} before it was ready; see {log_path}")
-                try:
-                    _get(f"{base}/v1/models", 2.0)
-                    break
-                except OSError:
-                    if time.time() - t0 > ready_timeout:
-                        raise RuntimeError(f"server not ready after {ready_timeout:.0f} s; see {log_path}") from None
-                    time.sleep(0.5)
-            start_s = time.time() - t0
-            before = _get(f"{base}/metrics")
+    eng = engine_flat(engine)
+    eng.update(model=str(models / "target"), tokenizer=str(models / "target"), draft_model=str(models / "draft"),
+               dtype=dtype)
+    arm = {"name": f"draft-k{k}-tp1", "method": "draft_model", "num_speculative_tokens": k,
+           "draft_tensor_parallel_size": 1}
+    attempt = logdir / f"{dtype}-k{k}-{time.monotonic_ns()}"
+    t0 = time.monotonic()
+    server, _ = launch.start_server(eng, arm, attempt_dir=attempt, served_model_name="target")
+    try:
+        readiness.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
+        start_s = time.monotonic() - t0
+        with httpx.Client(base_url=server.base_url, timeout=300) as client:
+            before = client.get("/metrics").text
             tokens = 0
             for p in prompts:
-                body = json.dumps({"model": "target", "messages": p["messages"], "max_tokens": max_tokens,
-                                   "temperature": 0}).encode()
-                req = urllib.request.Request(f"{base}/v1/chat/completions", body, {"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=300) as r:
-                    tokens += json.loads(r.read())["usage"]["completion_tokens"]
-            after = _get(f"{base}/metrics")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                r = client.post("/v1/chat/completions", json={"model": "target", "messages": p["messages"],
+                                                              "max_tokens": max_tokens, "temperature": 0})
+                r.raise_for_status()
+                tokens += r.json()["usage"]["completion_tokens"]
+            after = client.get("/metrics").text
+    finally:
+        server.stop(grace_s=float(eng["stop_grace_s"]))
     block = prom.speculative_block(before, after)
-    return {"start_seconds": round(start_s, 1), "completion_tokens": tokens, "log": str(log_path),
+    return {"start_seconds": round(start_s, 1), "completion_tokens": tokens, "log": str(server.log_path),
             **{n: block.get(n) for n in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate",
                                          "mean_acceptance_length", "per_position")}}
 
@@ -116,14 +98,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="offline device (cpu or cuda)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--serve", action="store_true", help="also measure a real vLLM server per (dtype, k)")
-    ap.add_argument("--serve-args", default="--enforce-eager", help="extra server arguments (one string)")
-    ap.add_argument("--port", type=int, default=8177)
-    ap.add_argument("--ready-timeout", type=float, default=300)
+    ap.add_argument("--config", default=str(ROOT / "config/config.yaml"),
+                    help="study config whose engine settings the servers use (config/gpu-h200.yaml on the GPU)")
     ap.add_argument("--logdir", default="/tmp/specstudy-acceptance-gap")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args(argv)
     models, ks, dtypes = Path(a.models), [int(x) for x in a.k.split(",")], a.dtypes.split(",")
     prompts = heldout.read_prompts(a.prompts)
+    engine = yaml.safe_load(Path(a.config).read_text())["engine"]
     out = {"models": str(models), "prompts": a.prompts, "n_prompts": len(prompts), "max_tokens": a.max_tokens,
            "device": a.device, "offline": {}, "served": {}}
     record = models / "models.json"
@@ -135,8 +117,7 @@ def main(argv=None) -> int:
         print(f"offline {dt} on {a.device}: {out['offline'][dt]['seconds']} s", flush=True)
         if a.serve:
             for k in ks:
-                out["served"][f"{dt}/k{k}"] = served(models, prompts, k, dt, a.max_tokens, a.port, Path(a.logdir),
-                                                     a.serve_args.split(), a.ready_timeout)
+                out["served"][f"{dt}/k{k}"] = served(engine, models, prompts, k, dt, a.max_tokens, Path(a.logdir))
                 print(f"served {dt} k={k}: started in {out['served'][f'{dt}/k{k}']['start_seconds']} s", flush=True)
     print(f"\n{len(prompts)} prompts, max_tokens {a.max_tokens}; acceptance rate (accepted / draft tokens) and mean "
           "acceptance length (1 + accepted / drafts), never converted into each other")

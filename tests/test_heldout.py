@@ -205,5 +205,5 @@ def test_measure_computes_in_the_requested_dtype(fixture_models, monkeypatch):
                                log=lambda *_: None)["p"]
         assert loaded == [getattr(torch, dt)] * 2, dt
         assert [r["tokens"] for r in rows] == [8, 8]
-    with pytest.raises(AttributeError):
+    with pytest.raises(UserError, match="dtype 'float31' is not one of float32, bfloat16, float16"):
         heldout.measure(fixture_models["dir"], {"p": prompts[:1]}, [2], max_new_tokens=4, dtype="float31")

@@ -143,6 +143,10 @@ def _greedy_matches(target, draft, prompt_ids: list[int], n: int) -> tuple[list[
     return (pred == cont).tolist(), cont.tolist(), natural
 
 
+#: The dtypes the offline acceptance can be computed in (those vLLM serves the fixture pair in).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 def measure(models_dir: str | Path, sets: dict[str, list[dict]], ks: list[int], max_new_tokens: int = 64,
             max_model_len: int = 1024, threads: int = 2, log=print, dtype: str = "float32", device: str = "cpu") -> dict:
     """Acceptance per set × stratum × k on the fixture models under ``models_dir/{target,draft}``, computed
@@ -154,6 +158,8 @@ def measure(models_dir: str | Path, sets: dict[str, list[dict]], ks: list[int], 
     torch.set_num_threads(threads)
     models_dir = Path(models_dir)
     tok = AutoTokenizer.from_pretrained(str(models_dir / "target"))
+    if dtype not in DTYPES:
+        raise UserError(f"heldout.measure: dtype {dtype!r} is not one of {', '.join(DTYPES)}; pass one of them")
     dt = getattr(torch, dtype)
     target = LlamaForCausalLM.from_pretrained(str(models_dir / "target"), dtype=dt).eval().to(device)
     draft = LlamaForCausalLM.from_pretrained(str(models_dir / "draft"), dtype=dt).eval().to(device)
