@@ -9,6 +9,11 @@ PROFILE ?= profiles/local
 PYTEST_ARGS ?=
 # Every run lists its 20 slowest tests (docs/testing.md keeps the figures of a full run).
 PYTEST_TIMES := --durations=20 --durations-min=1
+# Two test processes (pytest-xdist): the tests that start real servers or the Slurm cluster run in one,
+# in order, at the front of the queue; every other module is a unit of work for whichever process is free
+# (tests/conftest.py, xdist_group_of). PYTEST_JOBS=0 runs the suite in one process.
+PYTEST_JOBS ?= 2
+PYTEST_PAR := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadgroup --no-loadscope-reorder)
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
@@ -53,10 +58,10 @@ rerun: install
 test: install
 	tests/slurm/ensure-slurm-packages.sh
 	tests/ensure-chromium.sh
-	$(BIN)/python -m pytest $(PYTEST_TIMES) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PAR) $(PYTEST_TIMES) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not vllm and not slurm and not study" $(PYTEST_TIMES) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm and not slurm and not study" $(PYTEST_PAR) $(PYTEST_TIMES) $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check scripts tests benchmarks

