@@ -28,13 +28,55 @@ CORES=${SPECSTUDY_CORES:-$(nproc)}
 # extension phases on their declared arms (docs/extensions.md). EXTRAS=0 skips the start-up cache
 # benchmark and the mechanics point after it.
 TARGETS=${SPECSTUDY_GPU_TARGETS:-all}
+# Capacity only (issue 28 item 7): SPECSTUDY_GPU_CAPACITY_ARMS="baseline ngram-k3" runs, instead of the study,
+# the capacity job (specstudy deployment run --deployment capacity/<arm>/rep1, as the rule capacity_search
+# does) for each named arm, its spec taken from the screening plan (no confirmation before it), then
+# `specstudy capacity compare` of the first two arms.
+CAPACITY_ARMS=${SPECSTUDY_GPU_CAPACITY_ARMS:-}
 EXTRAS=${SPECSTUDY_GPU_EXTRAS:-1}
 mkdir -p "$LEASE"
 now() { date +%s; }
 say() { echo "[lease $(date -u +%H:%M:%S)] $*" | tee -a "$LEASE/lease.log"; }
 
+capacity_only() {  # SPECSTUDY_GPU_CAPACITY_ARMS: the capacity job of each arm, on the screening plan
+  local t0; t0=$(now)
+  local models=""
+  python3 -c "import sys; from specstudy.inputs.scale_model import wanted; sys.exit(0 if wanted('$CONFIG') else 1)" \
+    && models=results/models/scale/scale.json
+  say "capacity only: arms $CAPACITY_ARMS ($CONFIG); plan, corpora and models first"
+  snakemake results/plan/screen.json $models --profile "$REPO/profiles/local" --cores "$CORES" --configfile "$CONFIG" \
+    > "$LEASE/study.log" 2>&1
+  echo $? > "$LEASE/study.rc"
+  say "capacity only: plan rc $(cat "$LEASE/study.rc") after $(( $(now) - t0 )) s"
+  [ "$(cat "$LEASE/study.rc")" = 0 ] || return
+  # the effective config the screening plan was made from (its deployment sections are the capacity job's)
+  local cfg; cfg=$(ls -t results/.config/[0-9a-f]*.json | head -n 1)
+  mkdir -p results/logs/capacity
+  local arm
+  for arm in $CAPACITY_ARMS; do
+    t0=$(now)
+    say "capacity search: $arm"
+    specstudy deployment run --plan results/plan/screen.json --deployment "capacity/$arm/rep1" --config "$cfg" \
+      --out "results/capacity/$arm" > "results/logs/capacity/$arm.log" 2>&1
+    echo $? > "$LEASE/capacity-$arm.rc"
+    say "capacity search $arm: rc $(cat "$LEASE/capacity-$arm.rc") after $(( $(now) - t0 )) s"
+  done
+  # shellcheck disable=SC2086  # CAPACITY_ARMS is a list
+  set -- $CAPACITY_ARMS
+  if [ $# -ge 2 ] && [ -f "results/capacity/$1/knee.json" ] && [ -f "results/capacity/$2/knee.json" ]; then
+    specstudy capacity compare "results/capacity/$1/knee.json" "results/capacity/$2/knee.json" \
+      > "$LEASE/capacity-compare.txt" 2>&1
+    cat "$LEASE/capacity-compare.txt" | tee -a "$LEASE/lease.log"
+  fi
+}
+
 background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
   local deadline=$1
+  if [ -n "$CAPACITY_ARMS" ]; then
+    capacity_only
+    touch "$LEASE/done"
+    return
+  fi
   say "study: snakemake $TARGETS ($CONFIG) on $CORES cores, one deployment at a time"
   local t0; t0=$(now)
   # shellcheck disable=SC2086  # TARGETS is a list of targets
@@ -94,7 +136,7 @@ pack() {
   cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
   # no weights (the models are rebuilt from their seeds), but their records, configs and tokenizers
   tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
-      -czf "$LEASE/results.tgz" results "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE/logs" \
+      -czf "$LEASE/results.tgz" results "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
       "$LEASE/startup-cache" 2>/dev/null
   split -b 15M -d -a 1 "$LEASE/results.tgz" "$OUT/results.tgz.part"
   cp "$LEASE/lease.log" "$OUT/lease.log" 2>/dev/null
