@@ -97,6 +97,18 @@ def xdist_group_of(item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+def _suffix_group(item, group: str) -> None:
+    """Give a test's node id the ``@group`` suffix that pytest-xdist's loadgroup scheduler reads.
+
+    pytest-xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (the id lives in
+    ``Node._id``), so without this every test is its own unit of work and two processes start real
+    servers at once (seen in a clean-clone run). The id is rebuilt the way pytest builds it."""
+    from _pytest.nodeid import coerce_node_id
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test asking for a real server's fixture must carry its marker (an error at collection otherwise);
@@ -109,7 +121,10 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError("tests that start a real server without its marker:\n  " + "\n  ".join(unmarked))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        group = xdist_group_of(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        if config is not None and getattr(config.option, "loadgroup", False):  # an xdist worker under loadgroup
+            _suffix_group(item, group)
     # A stable sort: within the group and within each module the collection order is kept.
     items.sort(key=lambda item: xdist_group_of(item) != SERIAL_GROUP)
     reason = nvidia_gpu_present()
