@@ -108,13 +108,20 @@ def test_deployment_job_log_shows_progress_while_running(tmp_path):
                                  "--deployment", "screen/baseline/rep1", "--config", "deployment-settings.json",
                                  "--out", str(out)], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     seen: dict[str, float] = {}  # progress line -> when the test first read it from the log
+
+    def read_log() -> None:
+        for line in log.read_text().splitlines():
+            if line.startswith("[progress") and line not in seen:
+                seen[line] = time.monotonic()
+
+    # The log is sampled every 0.25 s because WHEN each line appears is what this test measures (not a wait
+    # for a state): the job is killed at the deadline, and then its exit status below fails the test.
     t0 = time.monotonic()
     try:
         while proc.poll() is None and time.monotonic() - t0 < 240:
-            for line in log.read_text().splitlines():
-                if line.startswith("[progress") and line not in seen:
-                    seen[line] = time.monotonic()
+            read_log()
             time.sleep(0.25)
+        read_log()  # what the job wrote between the last sample and its exit (its stop line) is not missed
     finally:
         if proc.poll() is None:
             proc.kill()

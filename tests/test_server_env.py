@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -26,10 +25,10 @@ def child_env(backend: server_launch.LocalProcessBackend, tmp_path: Path) -> tup
     code = f"import json, os; print('ENV=' + json.dumps({{k: os.environ.get(k) for k in {PROBE!r}}}))"
     server = backend.start([sys.executable, "-c", code], log_path=tmp_path / "launch.log", served_model_name="x",
                            port=1, attempt_dir=tmp_path)
-    deadline = time.monotonic() + 30
-    while server.exited() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    server.stop(grace_s=1)
+    try:
+        server.proc.wait(timeout=30)  # the child prints and exits; still running at the deadline fails the test
+    finally:
+        server.stop(grace_s=1)  # joins the log pump: the log is complete below
     lines = [ln for ln in (tmp_path / "launch.log").read_text().splitlines() if ln.startswith("ENV=")]
     assert lines, (tmp_path / "launch.log").read_text()
     return json.loads(lines[0][4:]), server

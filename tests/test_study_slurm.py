@@ -14,8 +14,10 @@ unchanged) starts the suite's fake vLLM (tests/progress_fake_vllm.py) instead of
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -142,33 +144,44 @@ def test_small_study_on_local_slurm(workdir, slurm_env, local_slurm, vllm_availa
     # nothing left to reuse: the next deployment job must start a server and measure
     shutil.rmtree(workdir / "results/screen/baseline/rep1/attempts")
     (workdir / "results/screen/baseline/rep1/attempts").mkdir()
-    proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local"],
-                            cwd=workdir, env=slurm_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    snakemake_log = workdir / "cancel-leg.log"  # a file, not a pipe: nothing reads it while the test waits
+    with open(snakemake_log, "w") as fh:
+        proc = subprocess.Popen([SNAKEMAKE, CELL.format(arm="baseline"), "--profile", "profiles/slurm-local"],
+                                cwd=workdir, env=slurm_env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    failure_dir = workdir / "results/deployment-failures/screen/baseline/rep1"
     attempts = workdir / "results/screen/baseline/rep1/attempts"
     before = set(attempts.iterdir())
-    deadline = time.time() + 300
-    job_id = None
-    while time.time() < deadline:
-        new = [a for a in attempts.iterdir() if a not in before and (a / "launch.log").exists()]
-        if new and _servers(workdir):  # the job has launched its server: cancel it mid-deployment
+    try:
+        deadline = time.time() + 300
+        job_id = None
+        while time.time() < deadline:
+            new = [a for a in attempts.iterdir() if a not in before and (a / "launch.log").exists()]
+            if new and _servers(workdir):  # the job has launched its server: cancel it mid-deployment
+                q = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True)
+                job_id = q.stdout.split()[0] if q.stdout.split() else None
+                if job_id:
+                    break
+            time.sleep(1)
+        assert job_id, "the deployment job never started its server\n" + snakemake_log.read_text()[-3000:]
+        subprocess.run(["scancel", job_id], env=slurm_env, check=True)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # the test failed before Snakemake ended: neither it nor its Slurm job outlives it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             q = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True, text=True)
-            job_id = q.stdout.split()[0] if q.stdout.split() else None
-            if job_id:
-                break
-        time.sleep(1)
-    assert job_id, "the deployment job never started its server"
-    subprocess.run(["scancel", job_id], env=slurm_env, check=True)
-    out, _ = proc.communicate(timeout=300)
+            if q.stdout.split():
+                subprocess.run(["scancel", *q.stdout.split()], env=slurm_env)
+    out = snakemake_log.read_text()
     assert proc.returncode != 0, out[-3000:]
-    # Snakemake sees CANCELLED once slurmctld does; the job's stop (grace 3 s, below KillWait 5 s) may still be
-    # running: the server must be gone within KillWait plus a margin, never later
+    # Snakemake sees CANCELLED once slurmctld does, while the job may still be stopping its server (grace 3 s,
+    # below KillWait 5 s) and then writing its failure record: wait for both (KillWait plus a margin), never later
     deadline = time.monotonic() + 15
-    while _servers(workdir) and time.monotonic() < deadline:
+    while (_servers(workdir) or not list(failure_dir.glob("*/failure.json"))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _servers(workdir) == [], "a vLLM server survived scancel by 15 s"
-    failures = list((workdir / "results/deployment-failures/screen/baseline/rep1").glob("*/failure.json"))
-    assert failures, out[-3000:]
+    failures = list(failure_dir.glob("*/failure.json"))
+    assert failures, "no failure record 15 s after scancel\n" + out[-3000:]
     rec = json.loads(failures[0].read_text())
     assert rec["failure"]["stage"] == "cancelled" and "signal" in rec["failure"]["message"]
 
