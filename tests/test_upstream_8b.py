@@ -20,7 +20,9 @@ DATA = Path(__file__).resolve().parent / "data" / "upstream-8b"
 EAGLE = DATA / "results" / "8b" / "eagle"
 CONFIRM = EAGLE / "confirm"
 REPORT = EAGLE / "confirm-report.json"
-K2_META = CONFIRM / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1" / "metadata.json"
+K2_CELL = CONFIRM / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1"
+K2_META = K2_CELL / "metadata.json"
+RAW_FILES = ("requests.jsonl", "metrics_before.prom", "metrics_after.prom")
 DSPARK = DATA / "results" / "8b" / "sweeps" / "calibrate-20261008T224745Z" / "dspark-e10-k7" / "probe"
 # real raw cells (requests.jsonl + .prom pairs) of the 70B set, for the layout tests below
 SHARED70 = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b" / \
@@ -148,6 +150,76 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     assert "arm 'dspark-k7' is not one of this project's arms" in captured.err
 
 
+def test_the_eagle_confirmation_cell_reproduces_upstreams_summary(tmp_path, capsys):
+    """The one complete raw confirmation cell (EAGLE-3.1 k = 2, block c1, code, c1): recomputed from its
+    requests.jsonl and .prom pair, against upstream's own summary.json and confirm-report.json."""
+    rows, s, up = upstream.convert_cell(K2_CELL, "confirm")
+    u = up["summary"]
+    assert u == atomic.read_json(K2_CELL / "summary.json")
+    schemas.validate(s, "cell-summary", "converted")
+    assert s["keys"] == {"phase": "confirm", "arm": "eagle3-k2", "method": "eagle3", "num_speculative_tokens": 2,
+                         "draft_tensor_parallel_size": 1, "rep": 1, "workload": "code", "concurrency": 1,
+                         "deployment_id": "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z"}
+    assert s["validity"]["valid"] is True and s["validity"]["throughput_valid"] is True and s["validity"]["notes"] == []
+    # requests and tokens: the project's success rule over the rows gives upstream's counts
+    for k in ("attempted", "successful", "failed", "success_rate", "requests_per_second"):
+        assert s["requests"][k] == u["requests"][k], k
+    assert s["requests"]["attempted"] == 128 and s["requests"]["missing_usage"] == 0
+    assert (s["tokens"]["prompt"], s["tokens"]["completion"]) == (u["tokens"]["prompt"], u["tokens"]["completion"]) \
+        == (64445, 25837)
+    # output tokens/s: completion tokens / upstream's wall (the same definition): exact
+    assert s["tokens"]["output_tokens_per_second"] == u["tokens"]["output_tokens_per_second"] == 25837 / u["wall_seconds"]
+    # the speculative counters from the .prom deltas (the same definition): exact
+    sp, us = s["speculative"], u["speculative_decoding"]
+    for k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length"):
+        assert sp[k] == us[k], k
+    assert (sp["drafts"], sp["draft_tokens"], sp["accepted_tokens"]) == (11273, 22546, 14544)
+    assert sp["per_position"] == us["acceptance_rate_per_position"] == {"0": 8437 / 11273, "1": 6107 / 11273}
+    # TTFT and stream-event gaps (the same definitions)
+    for metric in ("ttft", "stream_event_gap"):
+        assert s["latency_ms"][metric]["count"] == u["latency_ms"][metric]["count"]
+        for k in ("mean", "p50", "p95", "p99"):
+            assert s["latency_ms"][metric][k] == pytest.approx(u["latency_ms"][metric][k], rel=1e-12), (metric, k)
+    assert s["latency_ms"]["stream_event_gap"]["count"] == 11234
+    # E2E and TPOT: upstream's definition (to the end of the stream, usage chunk and [DONE] included), recomputed
+    ud = s["upstream"]["latency_ms_upstream_definition"]
+    for metric in ("e2e", "tpot"):
+        assert ud[metric]["count"] == u["latency_ms"][metric]["count"] == 128
+        for k in ("mean", "p50", "p95", "p99"):
+            assert ud[metric][k] == pytest.approx(u["latency_ms"][metric][k], rel=1e-12), (metric, k)
+    # the project's E2E/TPOT end at the last content event: never longer, TPOT p50 0.56 % below upstream's
+    assert all(r["e2e_ms"] <= r["upstream"]["e2e_ms"] for r in rows)
+    assert s["latency_ms"]["tpot"]["p50"] == pytest.approx(2.94475, abs=5e-5)
+    assert s["latency_ms"]["tpot"]["p50"] < u["latency_ms"]["tpot"]["p50"]
+    assert 0.005 < 1 - s["latency_ms"]["tpot"]["p50"] / u["latency_ms"]["tpot"]["p50"] < 0.006
+    # the server's deltas account for exactly the clients' requests and tokens (no foreign traffic)
+    sd = s["server_deltas"]
+    assert sd["generation_tokens"] == 25837 and sd["prompt_tokens"] == 64445 and sd["generation_tokens_minus_client"] == 0
+    assert sd["requests_finished"] == 128 and sd["preemptions"] == 0
+    by_reason = {k: v for k, v in sd["requests_finished_by_reason"].items() if v}
+    assert by_reason == {"stop": 122, "length": 6} == {
+        f: sum(1 for r in rows if r["finish_reason"] == f) for f in ("stop", "length")}
+    # EAGLE streams several accepted tokens per event: 25837 tokens in 11234 gaps + 128 first events
+    assert s["tokens_per_event"]["completion_tokens_per_content_event"] == pytest.approx(25837 / (11234 + 128), rel=1e-12)
+    # through the CLI, the confirmation layout: <out>/confirm/eagle3-k2/rep1/code/c1 and the deployment record
+    assert upstream.cmd_import(_args(K2_CELL, tmp_path / "out", phase="confirm")) == 0
+    out = tmp_path / "out" / "confirm" / "eagle3-k2" / "rep1" / "code" / "c1"
+    assert atomic.read_json(out / "summary.json")["upstream"]["block_id"] == "c1"
+    for name in RAW_FILES[1:]:
+        assert (out / name).read_bytes() == (K2_CELL / name).read_bytes()
+    assert " valid " in next(x for x in capsys.readouterr().out.splitlines() if x.startswith("eagle3-k2"))
+    dep = atomic.read_json(out.parent.parent / "deployment.json")
+    schemas.validate(dep, "deployment", "deployment.json")
+    # the KV pool of upstream's scrape is the one upstream's report states for this deployment
+    kv = json.loads(REPORT.read_text())["deployments"][dep["deployment_id"]]["kv_cache_tokens"]
+    assert dep["cache_config"]["kv_cache_tokens"] == kv == 438784 and dep["cache_config"]["num_gpu_blocks"] == 27424
+    assert "vllm:cache_config_info" in dep["provenance"]["cache_config_source"]
+    assert dep["provenance"]["summary_only"] is False and dep["tensor_parallel_size"] == {"target": 1, "draft": 1}
+    assert dep["provenance"]["imported_from"] == ("imported from upstream swiss-ai/apertus-speculative-decoding@"
+                                                  "8ffc38d7a32e5509f51a6dd9fcd48d249b5569dc")
+    assert {Path(f["path"]).name for f in dep["provenance"]["files"]} == {*RAW_FILES, "summary.json", "metadata.json"}
+
+
 def test_deployment_id_of_each_layout(tmp_path):
     meta = atomic.read_json(K2_META)
     assert upstream._deployment_id(K2_META.parent, meta) == meta["extra"]["deployment_id"]
@@ -160,13 +232,13 @@ def test_deployment_id_of_each_layout(tmp_path):
 
 
 def _block_cell(root: Path, block: str, meta: dict) -> Path:
-    """An 8B confirmation-layout cell: upstream 8B metadata.json (block and deployment set to ``block``) over the
-    raw rows and scrapes of a real 70B draft cell (the 8B raw files are not in the data set, MANIFEST.md)."""
+    """An 8B confirmation-layout cell: the real raw cell of block c1 (code, c1) with its metadata.json's block and
+    deployment set to ``block`` (the data set holds the raw files of that one confirmation cell, MANIFEST.md)."""
     dep = f"apertus15-8b-eagle31-k2-confirm-{block}-20260926T132526Z"
     d = root / dep / "cells" / "code" / "c1"
     d.mkdir(parents=True)
-    for name in ("requests.jsonl", "metrics_before.prom", "metrics_after.prom", "summary.json"):
-        shutil.copyfile(DRAFT70 / name, d / name)
+    for name in (*RAW_FILES, "summary.json"):
+        shutil.copyfile(K2_CELL / name, d / name)
     m = copy.deepcopy(meta)
     m["extra"].update(block_id=block, deployment_id=dep)
     (d / "metadata.json").write_text(json.dumps(m, indent=2) + "\n")
@@ -175,7 +247,6 @@ def _block_cell(root: Path, block: str, meta: dict) -> Path:
     return d
 
 
-@needs70
 def test_confirmation_blocks_import_as_repeats_without_overwriting(tmp_path, capsys):
     meta = atomic.read_json(K2_META)
     src = tmp_path / "confirm"
@@ -283,7 +354,12 @@ def test_summary_only_import_writes_cells_and_deployment_records(pipeline):
         assert s["tokens"]["output_tokens_per_second"] == up["tokens"]["output_tokens_per_second"]
         assert [n["code"] for n in s["validity"]["notes"]] == ["summary_only"]
         assert "upstream's definitions: e2e" in s["validity"]["notes"][0]["detail"].lower()
-        assert s["server_deltas"] == {"available": False, "reason": upstream.SUMMARY_NOT_RECOMPUTED["server_deltas"]}
+        # the one raw cell of the set is read from its summary.json too (one E2E/TPOT definition), and says so
+        raw = src.parent == K2_CELL
+        assert s["upstream"]["raw_files_not_read"] == (list(RAW_FILES) if raw else [])
+        assert s["validity"]["notes"][0]["detail"].startswith("summary-level import" if raw else "summary-only import")
+        reason = upstream.RAW_NOT_READ_SERVER_DELTAS if raw else upstream.SUMMARY_NOT_RECOMPUTED["server_deltas"]
+        assert s["server_deltas"] == {"available": False, "reason": reason}
         assert s["fingerprint"] is None and "latency_ms.tpot" in s["upstream"]["not_recomputed"]
     deps = sorted((results / "confirm").glob("*/rep*/deployment.json"))
     assert [str(p.relative_to(results / "confirm").parent) for p in deps] == [
@@ -308,8 +384,18 @@ def test_summary_only_import_writes_cells_and_deployment_records(pipeline):
 def test_summary_only_cells_need_the_flag_and_an_arm(tmp_path, capsys):
     from specstudy.cli import main
 
-    # without --from-summaries the one cell with metadata.json is incomplete (its raw files are not here)
-    assert main(["import-upstream", str(CONFIRM), str(tmp_path / "r"), "--phase", "confirm"]) == 2
+    # without --from-summaries only the one complete raw cell is imported (recomputed); summary-only cells are not cells
+    assert main(["import-upstream", str(CONFIRM), str(tmp_path / "raw"), "--phase", "confirm"]) == 0
+    err = capsys.readouterr().err
+    assert "1 cell(s) imported, 0 incomplete, 0 with errors, 1 deployment record(s)" in err
+    assert [str(p.relative_to(tmp_path / "raw")) for p in sorted((tmp_path / "raw").rglob("summary.json"))] == [
+        "confirm/eagle3-k2/rep1/code/c1/summary.json"]
+    # a cell with metadata.json but no raw files is incomplete without the flag, its missing files named
+    part = tmp_path / "part" / K2_CELL.relative_to(CONFIRM)
+    part.mkdir(parents=True)
+    for name in ("metadata.json", "summary.json"):
+        shutil.copyfile(K2_CELL / name, part / name)
+    assert main(["import-upstream", str(tmp_path / "part"), str(tmp_path / "r"), "--phase", "confirm"]) == 2
     err = capsys.readouterr().err
     assert "missing requests.jsonl, metrics_before.prom, metrics_after.prom" in err and "0 cell(s) imported" in err
     # a deployment whose variant label has no arm is a named error, and nothing of it is imported
@@ -317,6 +403,8 @@ def test_summary_only_cells_need_the_flag_and_an_arm(tmp_path, capsys):
     err = capsys.readouterr().err
     # (the one k = 2 cell with metadata.json takes its arm from it: 18 baseline cells + 1)
     assert "pass --arm eagle31-k2=<arm>" in err and "19 cell(s) imported" in err and "17 with errors" in err
+    # that cell's raw files are in the source, but beside summary-only pairs it is read from its summary.json
+    assert f"note: {K2_CELL}: its raw files are in the source but this --from-summaries import read it" in err
     # a mapping that contradicts the cell's metadata.json is refused
     with pytest.raises(upstream.UpstreamError, match=r"maps to arm 'eagle3-k2', but --arm eagle31-k2=eagle3-k3"):
         upstream.convert_summary(K2_META.parent, "confirm", {"eagle31-k2": "eagle3-k3"})

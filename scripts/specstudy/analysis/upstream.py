@@ -406,14 +406,16 @@ def import_cell(cell_dir: str | Path, results: str | Path, phase: str = "screen"
 # The 8B confirmation deployments: <prefix>-<variant>-confirm-c<block>-<stamp> (upstream's naming)
 CONFIRM_DEPLOYMENT_RE = re.compile(r"^(?P<prefix>.+?)-(?P<variant>baseline|[A-Za-z0-9_]+-k[0-9]+)-confirm-"
                                    r"(?P<block>c[0-9]+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)$")
-SUMMARY_ONLY_NOTE = (
-    "summary-only import: the cell's requests.jsonl and /metrics scrapes are not in the source, so nothing here "
-    "was recomputed by this project; the figures are upstream's summary.json. Same definitions as the project's: "
+SUMMARY_DEFINITIONS = (
+    "Same definitions as the project's: "
     "output tokens/s (completion tokens / upstream's wall, as the raw import uses), TTFT, stream-event gaps, "
     "acceptance counters (from upstream's /metrics deltas). Upstream's definitions: e2e (request start -> end of the "
     "stream incl. the usage chunk and [DONE]) and TPOT ((e2e - ttft)/(completion_tokens - 1) with that e2e); the "
     "project's end at the last content event. Not checked: per-request success (upstream counts a request with usage "
     "as successful), foreign traffic, counter decreases and restarts, load-generator limits")
+SUMMARY_ONLY_NOTE = (
+    "summary-only import: the cell's requests.jsonl and /metrics scrapes are not in the source, so nothing here "
+    "was recomputed by this project; the figures are upstream's summary.json. " + SUMMARY_DEFINITIONS)
 SUMMARY_NOT_RECOMPUTED = {
     "requests.successful": "upstream's count (success = usage present); the project's rule (finish reason stop/"
                            "length and HTTP 200) needs the rows",
@@ -424,6 +426,29 @@ SUMMARY_NOT_RECOMPUTED = {
     "fingerprint": "null: the cell spec's corpus digest (metadata.json workload_file_sha256) is not in the source",
     "requests.failures_by_cause": "not stated by upstream's summary",
 }
+
+
+# A raw confirmation cell met by a --from-summaries import of a set that also holds summary-only cells is read
+# from its summary.json as well: one E2E/TPOT definition (upstream's) across every cell the comparison pairs.
+RAW_READ_AS_SUMMARY_NOTE = (
+    "summary-level import: this cell's requests.jsonl and /metrics scrapes ARE in the source but were not read, "
+    "because --from-summaries met a set that also holds summary-only cells; a raw cell would carry the project's "
+    "E2E/TPOT (to the last content event) beside its pairs' upstream definitions, a silent mix. Import it without "
+    "--from-summaries to recompute it from the raw files; the figures are upstream's summary.json. ")
+RAW_NOT_READ_SERVER_DELTAS = ("null: the /metrics scrapes are in the source but were not read (summary-level import "
+                              "of a set that holds summary-only cells)")
+
+
+def raw_confirm_cells(cells: list[Path]) -> list[Path]:
+    """The complete raw cells among ``cells`` that sit in upstream's confirmation layout
+    (``<deployment>/cells/<workload>/c<c>/``), i.e. the ones :func:`convert_summary` can also read."""
+    out = []
+    for d in cells:
+        parts = Path(d).parts
+        if (len(parts) >= 4 and parts[-3] == "cells" and re.fullmatch(r"c[0-9]+", Path(d).name)
+                and all((Path(d) / f).is_file() for f in REQUIRED_FILES)):
+            out.append(Path(d))
+    return out
 
 
 def parse_confirm_deployment(name: str) -> dict | None:
@@ -504,7 +529,9 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
     if rate is None or rate < cell.DEFAULT_THRESHOLDS["min_success_rate"]:
         reasons.append(cell._reason("low_success_rate", f"upstream: {successful}/{attempted} requests succeeded (success "
                                     f"= usage present); minimum success rate {cell.DEFAULT_THRESHOLDS['min_success_rate']}"))
-    notes = [cell._note("summary_only", SUMMARY_ONLY_NOTE)]
+    raw_present = [f for f in REQUIRED_FILES[:3] if (d / f).is_file()]
+    note_text = RAW_READ_AS_SUMMARY_NOTE + SUMMARY_DEFINITIONS if raw_present else SUMMARY_ONLY_NOTE
+    notes = [cell._note("summary_only", note_text)]
     speculative: dict = {"enabled": sd.get("enabled")}
     if sd.get("enabled"):
         speculative.update({k: sd[k] for k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate",
@@ -539,7 +566,8 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
         "tokens_per_event": {"source": "unavailable", "count": 0, "histogram": {}, "mean": None,
                              "multi_token_events": 0, "completion_tokens_per_content_event": None},
         "speculative": speculative,
-        "server_deltas": {"available": False, "reason": SUMMARY_NOT_RECOMPUTED["server_deltas"]},
+        "server_deltas": {"available": False, "reason": RAW_NOT_READ_SERVER_DELTAS if raw_present
+                          else SUMMARY_NOT_RECOMPUTED["server_deltas"]},
         "loadgen": {"limited": None, "note": "upstream recorded no load-generator self-measurement"},
         "telemetry": None,
         "confounds": None,
@@ -551,7 +579,8 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
             "arm_source": arm_source,
             "arm_spec": spec,
             "block_id": ((meta or {}).get("extra") or {}).get("block_id") or (parsed or {}).get("block"),
-            "definitions": SUMMARY_ONLY_NOTE,
+            "definitions": note_text,
+            "raw_files_not_read": raw_present,
             "not_recomputed": SUMMARY_NOT_RECOMPUTED,
             "variant": (meta or {}).get("variant"),
             "summary": up,
@@ -664,14 +693,18 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
         raise UpstreamError(f"{first['out'].parent.parent}: cells of deployments {deps} map to one deployment directory "
                             f"({k['arm']} rep {k['rep']}); import them into separate output roots")
     files, not_measured = [], dict(NOT_MEASURED_DEPLOYMENT)
+    # a cell read from its summary.json (summary-level import) uses no raw file, even where the source holds them
+    read = {id(c): ("summary.json", "metadata.json") if c["summary"]["upstream"].get("summary_only")
+            else (*REQUIRED_FILES, *RAW_ARTIFACTS) for c in cells}
     for c in cells:
-        for name in (*REQUIRED_FILES, *RAW_ARTIFACTS):
+        for name in read[id(c)]:
             if (c["src"] / name).is_file():
                 files.append(prov.file(c["src"] / name))
     meta = next((atomic.read_json(c["src"] / "metadata.json") for c in cells if (c["src"] / "metadata.json").is_file()), None)
     extra = (meta or {}).get("extra") or {}
     cache_config, cache_source = None, None
-    raw = next((c for c in cells if (c["src"] / "metrics_before.prom").is_file()), None)
+    raw = next((c for c in cells if "metrics_before.prom" in read[id(c)] and (c["src"] / "metrics_before.prom").is_file()),
+               None)
     if raw is not None:
         cache_config = prom.kv_cache_config((raw["src"] / "metrics_before.prom").read_text(encoding="utf-8"))
         cache_source = f"vllm:cache_config_info of upstream's scrape {raw['src'] / 'metrics_before.prom'}"
@@ -830,6 +863,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         extra = [d for d in ([root] if root.is_dir() else []) + sorted(p.parent for p in root.rglob("summary.json"))
                  if _is_summary_only_dir(d)]
         cells = sorted(set(cells) | set(extra))
+    # a summary-level import of a set that also holds raw confirmation cells reads those from summary.json too,
+    # so that no comparison pairs the project's E2E/TPOT with upstream's (RAW_READ_AS_SUMMARY_NOTE)
+    as_summary = set(raw_confirm_cells(cells)) if from_summaries and extra else set()
     if not cells:
         print(f"error: {args.source}: no upstream cell found (a cell directory contains {list(REQUIRED_FILES)}"
               + ("" if from_summaries else "; a confirmation set of summary.json files only needs --from-summaries")
@@ -841,7 +877,7 @@ def cmd_import(args: argparse.Namespace) -> int:
            f"{'up':>8} {'ours':>7} {'up':>7}")
     imported, incomplete, errors, written = [], [], [], []
     for d in cells:
-        summary_only = from_summaries and _is_summary_only_dir(d)
+        summary_only = from_summaries and (_is_summary_only_dir(d) or d in as_summary)
         try:
             if summary_only:
                 if args.out:
@@ -889,6 +925,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"note: arm {arm!r} is not one of this project's arms (methods {', '.join(METHODS)}): its cells and "
               "deployment records are written, but `specstudy tables` reads only the project's arms and leaves "
               f"{arm}/ out of the tables", file=sys.stderr)
+    for d in sorted(as_summary):
+        print(f"note: {d}: its raw files are in the source but this --from-summaries import read it from summary.json "
+              "(upstream's E2E/TPOT, as its summary-only pairs); import it without --from-summaries to recompute it "
+              "from the raw files", file=sys.stderr)
     for exc in incomplete:
         print(f"incomplete: {exc.cell_dir}: missing {', '.join(exc.missing)}", file=sys.stderr)
     for e in errors:
