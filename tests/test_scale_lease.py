@@ -78,3 +78,28 @@ def test_start_touches_only_what_the_prebuild_built(tmp_path, scale_rc, scale_to
         assert scale >= fixture  # the scale record stays newer than its input, the fixture record
     else:
         assert scale == 1_000_000_000 * 10**9  # a failed scale prebuild is left for the study's rule to redo
+
+
+def test_start_from_a_second_lease_dir_neither_waits_for_anothers_prebuild_nor_takes_an_old_done(tmp_path):
+    """A second background run in the same lease (its own SPECSTUDY_LEASE_DIR, the fixture log of the first
+    run's prebuild present) starts at once: it hung before, waiting for a prebuild.done that only the first
+    dir gets (seen on the H200 on 2026-12-03). An old `done` in the dir is removed, so `wait` waits anew."""
+    env = _env(tmp_path, "gpu-h200-scale.yaml")
+    work, lease, go = tmp_path / "work", tmp_path / "lease", tmp_path / "go"
+    (work / "results" / "logs" / "models" / "fixture.log").write_text("built by another lease dir\n")
+    (lease / "done").write_text("")  # left by an earlier run from this dir
+    # the study stands in: it holds until the test says go (at most 60 s), then fails; no extras after it
+    (tmp_path / "bin" / "snakemake").write_text(
+        f"#!/bin/sh\nfor i in $(seq 600); do [ -f {go} ] && exit 1; sleep 0.1; done\nexit 2\n")
+    (tmp_path / "bin" / "snakemake").chmod(0o755)
+    env.update(SPECSTUDY_GPU_EXTRAS="0", SPECSTUDY_LEASE_POLL_S="0.5")
+    proc = subprocess.run(["bash", str(LEASE), "start", "900"], env=env, timeout=60, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (lease / "lease.log").read_text()
+    assert "waiting for the prebuild" not in log and "background run starts" in log
+    assert not (lease / "done").exists()  # the old one is gone while the new run holds
+    go.write_text("")
+    proc = subprocess.run(["bash", str(LEASE), "wait", "60"], env=dict(env, OUT=str(tmp_path / "out")), timeout=120,
+                          capture_output=True, text=True)
+    assert (lease / "done").exists() and "background run finished" in proc.stdout, proc.stdout[-2000:]
+    assert (lease / "study.rc").read_text().strip() == "1"

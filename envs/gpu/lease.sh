@@ -127,7 +127,7 @@ progress() {
   local deps; deps=$(find results -path '*/attempts/*' -name launch.log 2>/dev/null | wc -l)
   say "progress: $deps server launches, $cells cells measured; last study lines:"
   tail -n 3 "$LEASE/study.log" 2>/dev/null | cut -c1-200
-  nvidia-smi --query-gpu=memory.used,utilization.gpu,power.draw --format=csv,noheader 2>/dev/null | sed 's/^/  gpu: /'
+  nvidia-smi --query-gpu=memory.used,utilization.gpu,power.draw --format=csv,noheader 2>/dev/null | sed 's/^/  gpu: /' || true  # none here: no line
 }
 
 pack() {
@@ -159,6 +159,7 @@ case "${1:-}" in
         && early=/tmp/specstudy-early
     fi
     rm -f "$LEASE/prebuild.done"
+    touch "$LEASE/prebuild.started"   # `start` waits for prebuild.done only where this lease dir started one
     say "prebuild: fixture models (results/models/fixture), then the scale model if $CONFIG asks for it, in the background"
     setsid nohup bash "$0" _prebuild "$early" < /dev/null > "$LEASE/prebuild.log" 2>&1 &
     sleep 2; tail -n 2 results/logs/models/fixture.log ;;
@@ -183,10 +184,14 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
   start)
     budget=${2:?usage: lease.sh start BUDGET_S}
     deadline=$(( $(now) + budget ))
-    if [ -f results/logs/models/fixture.log ] && [ ! -f "$LEASE/prebuild.done" ]; then
+    # A prebuild started from this lease dir is waited for, at most 600 s; another lease dir (a second run in
+    # the same lease) never waits for a prebuild.done that only the first dir will ever get.
+    if [ -f "$LEASE/prebuild.started" ] && [ ! -f "$LEASE/prebuild.done" ]; then
       say "waiting for the prebuild (fixture models, scale model) to finish"
-      while [ ! -f "$LEASE/prebuild.done" ]; do sleep 2; done
+      until [ -f "$LEASE/prebuild.done" ] || (( $(now) > deadline - budget + 600 )); do sleep 2; done
+      [ -f "$LEASE/prebuild.done" ] || say "prebuild not done after 600 s: the study's rules build what is missing"
     fi
+    rm -f "$LEASE/done"   # a second background run from the same lease dir is waited for anew
     [ -f "$LEASE/prebuild.rc" ] && say "prebuild rc $(cat "$LEASE/prebuild.rc")"
     [ -f "$LEASE/scale.rc" ] && say "scale model prebuild rc $(cat "$LEASE/scale.rc") (a failure is retried by the study's rule scale_models)"
     touch_prebuilt
@@ -198,7 +203,7 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
   _touch_prebuilt) touch_prebuilt ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
-    while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep 20; progress; done
+    while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep "${SPECSTUDY_LEASE_POLL_S:-20}"; progress; done
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
