@@ -61,6 +61,8 @@ def test_pack_leaves_model_weights_behind_and_splits_into_small_parts(tmp_path):
     (work / "results" / "models" / "scale" / "scale.json").write_text("{}")
     (work / "results" / "screen").mkdir(parents=True)
     (work / "results" / "screen" / "x.json").write_text("{}")
+    (work / ".snakemake" / "metadata").mkdir(parents=True)
+    (work / ".snakemake" / "metadata" / "eA==").write_text("{}")
     (tmp_path / "out").mkdir()
     env = _env(tmp_path)
     (tmp_path / "lease").mkdir()
@@ -74,4 +76,5 @@ def test_pack_leaves_model_weights_behind_and_splits_into_small_parts(tmp_path):
     assert "results/screen/x.json" in names
     assert not any(n.endswith(".safetensors") for n in names)  # no weights: rebuilt from their seeds
     assert "results/models/scale/scale.json" in names  # the record with every file's sha256 comes back
+    assert ".snakemake/metadata/eA==" in names  # what a later lease's `resume` needs for Snakemake to resume
     assert (tmp_path / "out" / "lease.log").exists()

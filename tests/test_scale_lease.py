@@ -6,6 +6,7 @@ the real specstudy.inputs.scale_model.wanted."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,101 @@ def test_start_from_a_second_lease_dir_neither_waits_for_anothers_prebuild_nor_t
                           capture_output=True, text=True)
     assert (lease / "done").exists() and "background run finished" in proc.stdout, proc.stdout[-2000:]
     assert (lease / "study.rc").read_text().strip() == "1"
+
+
+SNAKEFILE = ('rule cell:\n    input: "inputs.txt"\n'
+             '    output: "results/screen/baseline/rep1/attempts/a1/open_chat/c1/summary.json"\n'
+             '    shell: "cp {input} {output}"\n')
+
+
+def _snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _packed(tmp: Path, weights: dict[str, bytes]) -> Path:
+    """An earlier lease's `pack`: results/ with model records (no weights), a cell a real Snakemake made and
+    its metadata, split into parts as `lease.sh pack` splits them."""
+    import hashlib
+    import json
+    import tarfile
+
+    first = tmp / "first"
+    models = first / "results" / "models" / "fixture"
+    models.mkdir(parents=True)
+    (models / "models.json").write_text(json.dumps(
+        {role: {"weights_sha256": hashlib.sha256(data).hexdigest()} for role, data in weights.items()}))
+    (first / "Snakefile").write_text(SNAKEFILE)
+    (first / "inputs.txt").write_text('{"measured": "in the first lease"}')
+    proc = _snakemake(first)
+    assert proc.returncode == 0 and (first / ".snakemake" / "metadata").is_dir(), proc.stderr[-2000:]
+    with tarfile.open(tmp / "results.tgz", "w:gz") as tar:
+        tar.add(first / "results", arcname="results")
+        tar.add(first / ".snakemake" / "metadata", arcname=".snakemake/metadata")
+    parts = tmp / "parts"
+    parts.mkdir()
+    data = (tmp / "results.tgz").read_bytes()
+    half = len(data) // 2
+    (parts / "results.tgz.part0").write_bytes(data[:half])
+    (parts / "results.tgz.part1").write_bytes(data[half:])
+    return parts
+
+
+def _rebuilt(work: Path, weights: dict[str, bytes]) -> None:
+    """This lease: the tree copied anew (the workflow's input newer than every packed output), models rebuilt."""
+    for role, data in weights.items():
+        d = work / "results" / "models" / "fixture" / role
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(data)
+    (work / "results" / "models" / "fixture" / "models.json").write_text('{"rebuilt": "in this lease"}')
+    (work / "Snakefile").write_text(SNAKEFILE)
+    (work / "inputs.txt").write_text('{"measured": "in the first lease"}')
+
+
+def _with_specstudy(env: dict, tmp: Path) -> dict:
+    shim = tmp / "bin" / "specstudy"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from specstudy.cli import main; "
+                    "sys.exit(main())' \"$@\"\n")
+    shim.chmod(0o755)
+    return dict(env, PYTHONPATH=str(ROOT / "scripts"))
+
+
+def test_resume_restores_the_packed_results_when_the_rebuilt_models_are_the_measured_ones(tmp_path):
+    """issue 27 item 3: the rebuilt weights have the packed records' sha256, so the packed results, records and
+    Snakemake metadata come back, and a real Snakemake then has nothing to re-run although the tree's input is
+    newer than every packed output (the device call's fresh copy); without the metadata it would re-run."""
+    env = _with_specstudy(_env(tmp_path, "gpu-h200.yaml"), tmp_path)
+    weights = {"target": b"target weights", "draft": b"draft weights"}
+    parts = _packed(tmp_path, weights)
+    work, lease = tmp_path / "work", tmp_path / "lease"
+    _rebuilt(work, weights)
+    proc = subprocess.run(["bash", str(LEASE), "resume", str(parts)], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "models-verify: 2 rebuilt model files have the sha256 of the packed records" in proc.stdout
+    assert "resumed from" in proc.stdout and "1 cells" in proc.stdout
+    record = work / "results" / "models" / "fixture" / "models.json"
+    assert record.read_text() == (tmp_path / "first" / "results" / "models" / "fixture" / "models.json").read_text()
+    assert (work / "results" / "models" / "fixture" / "target" / "model.safetensors").read_bytes() == b"target weights"
+    assert (lease / "resumed").exists()
+    summary = work / "results/screen/baseline/rep1/attempts/a1/open_chat/c1/summary.json"
+    assert summary.read_text() == '{"measured": "in the first lease"}'
+    assert (work / "inputs.txt").stat().st_mtime > summary.stat().st_mtime
+    dry = _snakemake(work, "-n")
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
+    shutil.rmtree(work / ".snakemake" / "metadata")  # the control: the same tree without the packed metadata
+    dry = _snakemake(work, "-n")
+    assert "Nothing to be done" not in dry.stdout + dry.stderr and "Updated input files" in dry.stdout + dry.stderr
+
+
+def test_resume_is_refused_when_a_rebuilt_model_differs_and_restores_nothing(tmp_path):
+    env = _with_specstudy(_env(tmp_path, "gpu-h200.yaml"), tmp_path)
+    parts = _packed(tmp_path, {"target": b"target weights", "draft": b"draft weights"})
+    work, lease = tmp_path / "work", tmp_path / "lease"
+    _rebuilt(work, {"target": b"target weights", "draft": b"another torch build's draft"})
+    proc = subprocess.run(["bash", str(LEASE), "resume", str(parts)], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "1 of 2 rebuilt model files are not the ones" in proc.stdout
+    assert "fixture/draft/model.safetensors: sha256" in proc.stdout and "resume refused" in proc.stdout
+    assert (work / "results" / "models" / "fixture" / "models.json").read_text() == '{"rebuilt": "in this lease"}'
+    assert not list((work / "results").rglob("summary.json")) and not (lease / "resumed").exists()
+    assert not (work / ".snakemake").exists()

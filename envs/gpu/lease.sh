@@ -10,6 +10,11 @@
 #   envs/gpu/lease.sh early-wheels     # HERE, after `make gpu-stage`: copy the few wheels the prebuild needs
 #                                      # beyond the image (jsonschema and its dependencies) to .stage/early,
 #                                      # to be carried with the first part
+#   envs/gpu/lease.sh resume DIR       # a later lease, after the offline install and before start: DIR holds the
+#                                      # results.tgz.part* an earlier lease's `wait`/`pack` brought back (carried
+#                                      # as .stage/resume); the rebuilt models are checked against the packed
+#                                      # records (specstudy models-verify), the packed results and Snakemake's
+#                                      # metadata restored, and `start` then runs only what is missing
 #   envs/gpu/lease.sh start BUDGET_S   # after the offline install: start the study + extras in the background
 #   envs/gpu/lease.sh wait  SECONDS    # wait (at most SECONDS) for the background run; print progress; pack
 #   envs/gpu/lease.sh pack             # pack results/ (no model weights) and logs into $OUT (<= 15 MB parts)
@@ -112,6 +117,40 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
   touch "$LEASE/done"
 }
 
+wait_prebuild() {  # a prebuild started from this lease dir, at most 600 s; another lease dir (a second run in
+  # the same lease) never waits for a prebuild.done that only the first dir will ever get
+  if [ -f "$LEASE/prebuild.started" ] && [ ! -f "$LEASE/prebuild.done" ]; then
+    local t0; t0=$(now)
+    say "waiting for the prebuild (fixture models, scale model) to finish"
+    until [ -f "$LEASE/prebuild.done" ] || (( $(now) > t0 + 600 )); do sleep 2; done
+    [ -f "$LEASE/prebuild.done" ] || say "prebuild not done after 600 s: the study's rules build what is missing"
+  fi
+}
+
+resume() {  # DIR: results.tgz.part* of an earlier lease; the rebuilt models must be the packed records' models
+  local dir=$1 parts
+  parts=$(ls "$dir"/results.tgz.part* 2>/dev/null) || true
+  [ -n "$parts" ] || { say "resume: no results.tgz.part* in $dir (copy an earlier lease's parts there)"; return 2; }
+  wait_prebuild
+  rm -rf "$LEASE/resume" && mkdir -p "$LEASE/resume"
+  # shellcheck disable=SC2086  # parts: the sorted part files
+  cat $parts | tar -xzf - -C "$LEASE/resume" || { say "resume: the parts in $dir do not make one archive"; return 2; }
+  [ -d "$LEASE/resume/results" ] || { say "resume: no results/ in the archive from $dir"; return 2; }
+  [ -d "$LEASE/resume/.snakemake/metadata" ] || { say "resume: the archive has no .snakemake/metadata (packed before it was kept): Snakemake would re-run every job; start afresh"; return 2; }
+  if ! specstudy models-verify --records "$LEASE/resume/results/models" --models results/models | tee -a "$LEASE/lease.log"; then
+    say "resume refused: the rebuilt models are not the ones the packed results were measured with; nothing restored"
+    return 3
+  fi
+  # the packed records replace the rebuilt ones (their content and mtimes); the rebuilt weights stay.
+  # Snakemake's metadata comes back too: the device call copies the tree anew, so every config, corpus and
+  # script file is newer than the packed outputs, and only the recorded input checksums let Snakemake see
+  # that nothing changed (without them it re-runs every job). Same commit only (docs/gpu.md).
+  cp -a "$LEASE/resume/results/." results/
+  mkdir -p .snakemake && cp -a "$LEASE/resume/.snakemake/." .snakemake/
+  touch "$LEASE/resumed"
+  say "resumed from $dir: $(find results -path '*/attempts/*' -name summary.json | wc -l) cells, $(find "$LEASE/resume/.snakemake/metadata" -type f 2>/dev/null | wc -l) Snakemake output records; start runs what is missing"
+}
+
 touch_prebuilt() {  # the prebuilt records, newer than the tree's files (a device call may re-copy them, with new mtimes)
   if [ "$(cat "$LEASE/prebuild.rc" 2>/dev/null)" = 0 ] && [ -f results/models/fixture/models.json ]; then
     touch results/models/fixture/models.json
@@ -136,7 +175,7 @@ pack() {
   cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
   # no weights (the models are rebuilt from their seeds), but their records, configs and tokenizers
   tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
-      -czf "$LEASE/results.tgz" results "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
+      -czf "$LEASE/results.tgz" results .snakemake/metadata .snakemake/incomplete "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
       "$LEASE/startup-cache" 2>/dev/null
   split -b 15M -d -a 1 "$LEASE/results.tgz" "$OUT/results.tgz.part"
   cp "$LEASE/lease.log" "$OUT/lease.log" 2>/dev/null
@@ -184,13 +223,7 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
   start)
     budget=${2:?usage: lease.sh start BUDGET_S}
     deadline=$(( $(now) + budget ))
-    # A prebuild started from this lease dir is waited for, at most 600 s; another lease dir (a second run in
-    # the same lease) never waits for a prebuild.done that only the first dir will ever get.
-    if [ -f "$LEASE/prebuild.started" ] && [ ! -f "$LEASE/prebuild.done" ]; then
-      say "waiting for the prebuild (fixture models, scale model) to finish"
-      until [ -f "$LEASE/prebuild.done" ] || (( $(now) > deadline - budget + 600 )); do sleep 2; done
-      [ -f "$LEASE/prebuild.done" ] || say "prebuild not done after 600 s: the study's rules build what is missing"
-    fi
+    wait_prebuild
     rm -f "$LEASE/done"   # a second background run from the same lease dir is waited for anew
     [ -f "$LEASE/prebuild.rc" ] && say "prebuild rc $(cat "$LEASE/prebuild.rc")"
     [ -f "$LEASE/scale.rc" ] && say "scale model prebuild rc $(cat "$LEASE/scale.rc") (a failure is retried by the study's rule scale_models)"
@@ -201,11 +234,12 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
     sleep 5; progress ;;
   _background) background "$2" ;;
   _touch_prebuilt) touch_prebuilt ;;
+  resume) resume "${2:?usage: lease.sh resume DIR}" ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
     while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep "${SPECSTUDY_LEASE_POLL_S:-20}"; progress; done
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
-  *) echo "usage: lease.sh early-wheels | prebuild | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
+  *) echo "usage: lease.sh early-wheels | prebuild | resume DIR | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
 esac

@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "report.document",
     "inputs.random_model",
     "inputs.scale_model",
+    "inputs.rebuilt",
     "mechanics.point",
     "phases.ignore_eos",
     "phases.profile",

@@ -4,6 +4,7 @@
 - :mod:`.heldout` — the fixture draft's acceptance on held-out text;
 - :mod:`.fixture_models` — the tiny target/draft pair of the embedded default;
 - :mod:`.scale_model` — that pair widened to an 8B/1B shape (the GPU scale-model study);
+- :mod:`.rebuilt` — rebuilt models checked against a resumed study's packed records;
 - :mod:`.random_model` — random-weights models for the mechanics point;
 - :mod:`.arctic_build` — arctic-inference built into a directory of its own (suffix decoding).
 """
