@@ -558,6 +558,13 @@ ROWS: list[Row] = [
         tables(lambda res, s: _edited(res, s, lambda x: x["keys"].update(deployment_id="screen-baseline-rep1-a9"),
                                       reseal=True)),
         ["summary.json", "integrity.attempt", "screen-baseline-rep1-a9"]),
+    Row("tables-summary-seal-deleted", "results tampering",
+        tables(lambda res, s: (_json_file(res / "screen/baseline/rep1/attempts/screen-baseline-rep1-a1/code/c1/summary.json",
+                                          s),
+                               _edited(res, dict(s), lambda x: (x.pop("integrity"), x["latency_ms"]["tpot"].update(p50=5.0)))
+                               )),
+        ["baseline/rep1/code/c1/summary.json", "field 'integrity' missing", "attempts/screen-baseline-rep1-a1",
+         "specstudy rerun"]),
     Row("tables-summary-truncated", "results tampering",
         tables(lambda res, s: _json_file(res / "screen/baseline/rep1/code/c1/summary.json", None,
                                          json.dumps(s)[:300])), ["baseline/rep1/code/c1/summary.json", "JSON"]),

@@ -47,3 +47,23 @@ def test_a_moved_summary_is_refused(tmp_path, monkeypatch):
     shutil.move(path, other / "summary.json")
     with pytest.raises(IntegrityError, match=r"keys\.arm is 'draft-k3-tp1', the path says 'ngram-k3'"):
         tables.collect(tmp_path / "results")
+
+
+def test_an_edit_laundered_by_deleting_the_seal_is_refused(tmp_path, monkeypatch):
+    """The deployment job publishes a cell from its attempt copy, which keeps the seal: a published summary
+    without one, beside a sealed attempt copy, had its digest deleted (with or without an edit)."""
+    path, _ = _measured(tmp_path, monkeypatch)
+    out = path.parents[2]
+    attempt = out / "attempts" / KEYS["deployment_id"] / "chat" / "c2"
+    attempt.mkdir(parents=True)
+    shutil.copy(path, attempt / "summary.json")
+    tables.collect(tmp_path / "results")  # sealed and intact: read
+    raw = json.loads(path.read_text())
+    raw.pop("integrity")
+    raw["tokens"]["output_tokens_per_second"] = 1e6
+    path.write_text(json.dumps(raw))
+    with pytest.raises(IntegrityError, match=r"field 'integrity' missing, but its deployment job sealed this cell"):
+        tables.collect(tmp_path / "results")
+    # an unsealed tree with no sealed attempt copy (written before sealing, or by hand) is still read
+    (attempt / "summary.json").unlink()
+    assert len(tables.collect(tmp_path / "results")["cells"]) == 1

@@ -39,10 +39,36 @@ def seal(summary: dict) -> dict:
     return summary
 
 
+def sealed_copies(path: Any) -> list:
+    """The attempt copies of a published cell summary (``<out>/attempts/*/<workload>/c<N>/summary.json``, what the
+    deployment job published it from) that carry a seal."""
+    from pathlib import Path
+
+    path = Path(path)
+    cdir, wdir, out = path.parent, path.parent.parent, path.parent.parent.parent
+    found = []
+    for copy in sorted((out / "attempts").glob(f"*/{wdir.name}/{cdir.name}/summary.json")):
+        try:
+            if isinstance(json.loads(copy.read_bytes()).get(FIELD), dict):
+                found.append(copy)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def verify_digest(raw: dict, path: Any) -> None:
     seal_ = raw.get(FIELD)
     if not isinstance(seal_, dict):
-        return  # written before summaries were sealed (or by hand in a test tree): keys and schema still apply
+        # Unsealed: written before summaries were sealed, or by hand in a test tree, and then keys and schema
+        # still apply. But a cell whose deployment job sealed it (its attempt copy says so) has had its seal
+        # taken off: an edit laundered by deleting the digest.
+        copies = sealed_copies(path)
+        if copies:
+            raise IntegrityError(
+                f"{path}: field 'integrity' missing, but its deployment job sealed this cell ({copies[-1]} carries the "
+                "seal): the summary was changed after it was written; a measured number must not be edited by "
+                f"hand: restore it from that copy or re-measure the cell with `specstudy rerun {path}`")
+        return
     want, got = seal_.get("sha256"), digest(raw)
     if want != got:
         raise IntegrityError(
