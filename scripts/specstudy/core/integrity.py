@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from specstudy.core.errors import UserError
@@ -42,8 +43,6 @@ def seal(summary: dict) -> dict:
 def sealed_copies(path: Any) -> list:
     """The attempt copies of a published cell summary (``<out>/attempts/*/<workload>/c<N>/summary.json``, what the
     deployment job published it from) that carry a seal."""
-    from pathlib import Path
-
     path = Path(path)
     cdir, wdir, out = path.parent, path.parent.parent, path.parent.parent.parent
     found = []

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.errors import UserError
-
-ROLES = ("target", "draft")
+from specstudy.inputs.scale_model import RECORD_NAME as SCALE_RECORD
+from specstudy.inputs.scale_model import ROLES
 
 
 def expected_files(records: str | Path) -> dict[str, str]:
@@ -33,7 +33,7 @@ def expected_files(records: str | Path) -> dict[str, str]:
         if not sha:
             raise UserError(f"{fixture}: field {role}.weights_sha256 missing; the record is not a fixture-model record")
         want[f"fixture/{role}/model.safetensors"] = sha
-    scale = records / "scale" / "scale.json"
+    scale = records / "scale" / SCALE_RECORD
     if scale.is_file():
         srec = atomic.read_json(scale)
         for role in ROLES:
@@ -45,11 +45,12 @@ def expected_files(records: str | Path) -> dict[str, str]:
     return want
 
 
-def mismatches(records: str | Path, models: str | Path) -> list[str]:
-    """One line per rebuilt file under ``models`` that is missing or differs from the packed records."""
+def mismatches(records: str | Path, models: str | Path, want: dict[str, str] | None = None) -> list[str]:
+    """One line per rebuilt file under ``models`` that is missing or differs from the packed records
+    (``want``: their :func:`expected_files`, when the caller has read them already)."""
     models = Path(models)
     bad = []
-    for rel, sha in sorted(expected_files(records).items()):
+    for rel, sha in sorted((want if want is not None else expected_files(records)).items()):
         path = models / rel
         if not path.is_file():
             bad.append(f"{path}: missing (the packed results were measured with sha256 {sha[:12]}…)")
@@ -61,8 +62,8 @@ def mismatches(records: str | Path, models: str | Path) -> list[str]:
 
 
 def _cmd_verify(args) -> int:
-    bad = mismatches(args.records, args.models)
-    n = len(expected_files(args.records))
+    want = expected_files(args.records)
+    bad, n = mismatches(args.records, args.models, want), len(want)
     if bad:
         print(f"models-verify: {len(bad)} of {n} rebuilt model files are not the ones the packed results were "
               f"measured with ({args.records}):")
