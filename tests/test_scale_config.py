@@ -63,7 +63,7 @@ def test_dry_run_builds_the_scale_model_before_the_screening_deployments(tmp_pat
     assert counts.get("plan_screen") == 1 and "deploy_screen" not in counts, counts
     fake_planned(tmp_path, "config/gpu-h200-scale.yaml")
     out, counts = _dry_run(tmp_path, "config/gpu-h200-scale.yaml", "-p", "--cores", "16")
-    assert counts["deploy_screen"] == 3, out  # baseline, draft-k3-tp1, ngram-k3
+    assert counts["deploy_screen"] == 5, out  # baseline, draft-k3-tp1, draft-k5-tp1, ngram-k3, ngram-k5
     assert counts["scale_models"] == 1, counts  # an input of every deployment
     assert "specstudy scale-model --out $(dirname results/models/scale/scale.json)" in out
     assert "--target-shape 'llama-3-8b' --draft-shape 'llama-3.2-1b'" in out
