@@ -78,3 +78,31 @@ def test_pack_leaves_model_weights_behind_and_splits_into_small_parts(tmp_path):
     assert "results/models/scale/scale.json" in names  # the record with every file's sha256 comes back
     assert ".snakemake/metadata/eA==" in names  # what a later lease's `resume` needs for Snakemake to resume
     assert (tmp_path / "out" / "lease.log").exists()
+
+
+def test_wait_packs_while_it_waits_so_a_call_cut_at_its_limit_keeps_what_ran(tmp_path):
+    """The device call of the last `wait` is killed when the session's device time runs out (rc 124): only
+    what is already under $OUT comes back. `wait` packs every SPECSTUDY_LEASE_PACK_S seconds, so the kill
+    loses at most that much (seen 2026-12-03: a 560 s wait cut at 559 s brought nothing back)."""
+    work = tmp_path / "work"
+    (work / "results" / "confirm").mkdir(parents=True)
+    (work / "results" / "confirm" / "cell.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "lease").mkdir()
+    (tmp_path / "lease" / "lease.log").write_text("log\n")
+    env = dict(_env(tmp_path), SPECSTUDY_LEASE_PACK_S="1", SPECSTUDY_LEASE_POLL_S="1")
+    proc = subprocess.Popen(["bash", str(LEASE), "wait", "120"], env=env, cwd=work, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "packed (interim)" not in (tmp_path / "lease" / "lease.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "no interim pack"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, 9)  # the device tool's kill at the call's limit
+        proc.wait(timeout=30)
+    parts = sorted((tmp_path / "out").glob("results.tgz.part*"))
+    assert parts
+    whole = tmp_path / "whole.tgz"
+    whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+    assert "results/confirm/cell.json" in tarfile.open(whole).getnames()

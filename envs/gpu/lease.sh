@@ -177,9 +177,14 @@ pack() {
   tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
       -czf "$LEASE/results.tgz" results .snakemake/metadata .snakemake/incomplete "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
       "$LEASE/startup-cache" 2>/dev/null
-  split -b 15M -d -a 1 "$LEASE/results.tgz" "$OUT/results.tgz.part"
+  # split beside the archive, then swap the parts into $OUT: a device call killed at its limit (the
+  # session's device time ran out) still brings back the last complete pack of a `wait`
+  rm -rf "$LEASE/parts" && mkdir -p "$LEASE/parts"
+  split -b 15M -d -a 1 "$LEASE/results.tgz" "$LEASE/parts/results.tgz.part"
+  rm -f "$OUT"/results.tgz.part*
+  cp "$LEASE"/parts/results.tgz.part* "$OUT/"
   cp "$LEASE/lease.log" "$OUT/lease.log" 2>/dev/null
-  ls -la "$OUT"
+  [ "${1:-}" = quiet ] || ls -la "$OUT"
 }
 
 case "${1:-}" in
@@ -237,7 +242,12 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
   resume) resume "${2:?usage: lease.sh resume DIR}" ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
-    while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do sleep "${SPECSTUDY_LEASE_POLL_S:-20}"; progress; done
+    every=${SPECSTUDY_LEASE_PACK_S:-120}; next_pack=$(( $(now) + every ))
+    while [ ! -f "$LEASE/done" ] && (( $(now) < limit )); do
+      sleep "${SPECSTUDY_LEASE_POLL_S:-20}"; progress
+      # pack every SPECSTUDY_LEASE_PACK_S seconds too: a call cut short keeps what ran until its last pack
+      if (( $(now) >= next_pack )); then pack quiet; say "packed (interim)"; next_pack=$(( $(now) + every )); fi
+    done
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
