@@ -3,6 +3,7 @@ malformed path is refused naming the path and what is wrong, and the rules take 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,7 @@ EXAMPLES = {
     "deployment_benchmark": dict(phase="confirm", arm="ngram-k2", rep="drift3"),
     "config": dict(name="deployment-0123abcd"),
     "mechanics_model": dict(role="draft"),
+    "mechanics_arm": dict(phase="mechanics", arm="small-draft-k3", rep="rep1"),
 }
 
 
@@ -78,6 +80,7 @@ def test_the_named_builders_are_the_templates():
     assert layout.benchmark("plan", "screen") == "results/benchmarks/plan/screen.tsv"
     assert layout.corpus_json("bundled-code", "1") == "results/corpora/bundled-code/1/corpus.json"
     assert layout.mechanics_model("target") == "results/models/mechanics/target/model.json"
+    assert layout.mechanics_arm("ngram-k3") == "results/mechanics/ngram-k3/rep1/mechanics-arm.json"
 
 
 def test_cells_and_deployments_as_records():
@@ -137,3 +140,22 @@ def test_keys_that_cannot_make_a_path_are_refused(call, what):
         call()
     assert what in str(exc.value)
 
+
+
+def test_the_rules_take_their_result_paths_from_the_layout():
+    """No rule file spells a deployment or cell path: common.smk builds every pattern with specstudy.core.layout.
+    (rules/extensions.smk is left to the phase registry, which replaces its per-phase rules.)"""
+    common = (ROOT / "rules/common.smk").read_text()
+    assert "from specstudy.core import layout" in common
+    offenders = []
+    for smk in sorted((ROOT / "rules").glob("*.smk")):
+        if smk.name in ("common.smk", "extensions.smk"):
+            continue
+        for n, line in enumerate(smk.read_text().splitlines(), 1):
+            if re.search(r"rep\{|/c\{|\{rep\}|\{drift\}|\"results/", line) and not line.lstrip().startswith("#"):
+                offenders.append(f"{smk.name}:{n}: {line.strip()}")
+    assert not offenders, "result paths spelt in rule files (build them with specstudy.core.layout in common.smk):\n" \
+        + "\n".join(offenders)
+    # common.smk itself spells no cell or deployment path by hand
+    code = [ln for ln in common.splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if re.search(r"rep\{|/c\{", ln)]

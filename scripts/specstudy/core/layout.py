@@ -149,6 +149,7 @@ TEMPLATES: dict[str, str] = {
     "deployment_benchmark": f"{BENCHMARKS}/{_DEPLOYMENT}.tsv",
     "config": f"{CONFIG}/{{name}}.json",
     "mechanics_model": f"{MODELS}/{MECHANICS}/{{role}}/model.json",
+    "mechanics_arm": f"{_DEPLOYMENT}/mechanics-arm.json",
 }
 
 _FIELD_RE = re.compile(r"\{([a-z_]+)\}")
@@ -502,6 +503,11 @@ def models_dir(*parts, root=ROOT) -> str:
 
 def mechanics_model(role, root=ROOT) -> str:
     return build("mechanics_model", root, role=role)
+
+
+def mechanics_arm(label, root=ROOT) -> str:
+    """A mechanics arm's record: ``<root>/mechanics/<label>/rep1/mechanics-arm.json`` (one deployment per arm)."""
+    return build("mechanics_arm", root, phase=MECHANICS, arm=label, rep=rep_label(1))
 
 
 def mechanics_dir(*parts, root=ROOT) -> str:
