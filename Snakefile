@@ -64,7 +64,7 @@ localrules:
 
 rule all:
     input:
-        report="results/report/report.md",
+        report=layout.report_file("report.md"),
         capacity=capacity_targets,
 
 
@@ -85,7 +85,7 @@ rule capacity:
 
 rule report:
     input:
-        "results/report/report.md",
+        layout.report_file("report.md"),
 
 
 # Last, once every rule exists: a target no rule can make (`snakemake scren`, a misspelt result path) is

@@ -6,15 +6,15 @@ rule capacity_search:
     input:
         unpack(capacity_inputs),
     output:
-        knee="results/capacity/{arm}/knee.json",
+        knee=layout.capacity_knee("{arm}"),
     log:
-        "results/logs/capacity/{arm}.log",
+        layout.log("capacity", "{arm}"),
     benchmark:
-        "results/benchmarks/capacity/{arm}.tsv"
+        layout.benchmark("capacity", "{arm}")
     params:
-        deployment="capacity/{arm}/rep1",
-        out="results/capacity/{arm}",
-        plan="results/plan/confirm.json",
+        deployment=layout.deployment_dir("capacity", "{arm}", 1, root=""),
+        out=layout.capacity_dir("{arm}"),
+        plan=layout.plan("confirm"),
         config=DEPLOYMENT_CONFIG_FILE,
     threads: 2
     resources:

@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
 
+from specstudy.core import layout  # noqa: E402  (every results path: built here from the one layout)
 from specstudy.study import plan as _plan  # noqa: E402
 from specstudy.study.config import ConfigError, check_config, effective_config_files  # noqa: E402
 from specstudy.study.prereg import load_prereg, prereg_path  # noqa: E402
@@ -31,7 +32,7 @@ except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
 PREREG_FILE = str(prereg_path(config))
-_LOCK = Path("results/screen/prereg-lock.json")
+_LOCK = Path(layout.prereg_lock())
 def _read_result(path):
     """A result file read at DAG time; a corrupt one is a WorkflowError naming the file and the fix."""
     from specstudy.core.atomic import BadFile, read_json
@@ -58,7 +59,7 @@ if _LOCK.exists():
 # The hash every screening deployment recorded, checked with or without the lock (a deleted lock must not
 # let a fresh lock of an edited pre-registration be scheduled).
 try:
-    _verify_recorded("results", PREREG_FILE)
+    _verify_recorded(layout.ROOT, PREREG_FILE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 # Once confirmation has a plan the selection is locked (specstudy.study.selection_lock): an edited selection, or
@@ -106,21 +107,21 @@ DRIFT_CELL = _plan.drift_cell(config, "screen", PREREG)
 GATE_MARGINS = json.dumps(PREREG["gate"]["margins"], sort_keys=True)
 CAPACITY = config.get("capacity") or {}
 FIXTURES = (config.get("fixture_models") or {}).get("build", False)
-FIXTURE_RECORD = "results/models/fixture/models.json"
-FIXTURE_HELDOUT = "results/models/fixture/heldout.json"
+FIXTURE_RECORD = layout.models_dir("fixture", "models.json")
+FIXTURE_HELDOUT = layout.models_dir("fixture", "heldout.json")
 # The scale model (issue 27): the fixture pair widened into results/models/scale/{target,draft}.
 SCALE = (config.get("scale_model") or {}).get("build", False)
-SCALE_RECORD = "results/models/scale/scale.json"
+SCALE_RECORD = layout.models_dir("scale", "scale.json")
 
 wildcard_constraints:
     phase="screen|confirm",
     arm=_plan.ARM_PATTERN,
-    rep="rep[0-9]+",
-    drift="drift[0-9]+",
-    workload=_plan.WORKLOAD_PATTERN,
-    conc="[0-9]+",
-    corpus="[A-Za-z0-9][A-Za-z0-9_.-]*",
-    version="[A-Za-z0-9._-]+",
+    rep=layout.REPEAT_PATTERN,
+    drift=layout.DRIFT_PATTERN,
+    workload=layout.WORKLOAD_PATTERN,
+    conc=layout.CONC_PATTERN,
+    corpus=layout.CORPUS_PATTERN,
+    version=layout.VERSION_PATTERN,
 
 
 # The effective config (Snakefile default merged with --configfile/--config), content-addressed; written
@@ -153,8 +154,9 @@ def _corpus_id(spec_path, field):
 CORPUS_SPECS = {w: s for w, s in config["corpora"]["workloads"].items()}
 CORPUS_SPECS["smoke"] = config["corpora"]["smoke"]
 _SPEC_FIELDS = {w: ("corpora.smoke" if w == "smoke" else f"corpora.workloads.{w}") for w in CORPUS_SPECS}
-CORPUS_DIRS = {w: "results/corpora/{}/{}".format(*_corpus_id(s, _SPEC_FIELDS[w])) for w, s in CORPUS_SPECS.items()}
-SPEC_BY_CORPUS = {_corpus_id(s, _SPEC_FIELDS[w]): s for w, s in CORPUS_SPECS.items()}
+CORPUS_IDS = {w: _corpus_id(s, _SPEC_FIELDS[w]) for w, s in CORPUS_SPECS.items()}
+CORPUS_DIRS = {w: layout.corpus_dir(*cid) for w, cid in CORPUS_IDS.items()}
+SPEC_BY_CORPUS = {CORPUS_IDS[w]: s for w, s in CORPUS_SPECS.items()}
 
 
 def corpus_spec_for(wildcards):
@@ -162,7 +164,7 @@ def corpus_spec_for(wildcards):
 
 
 def corpus_json(workload):
-    return f"{CORPUS_DIRS[workload]}/corpus.json"
+    return layout.corpus_json(*CORPUS_IDS[workload])
 
 
 def all_corpus_json():
@@ -233,16 +235,43 @@ def phase_workloads(phase):
     return WORKLOADS
 
 
-def cell_path(phase, arm, rep, workload, conc):
-    return f"results/{phase}/{arm}/{rep}/{workload}/c{conc}/summary.json"
+cell_path = layout.cell_summary
+record_path = layout.deployment_record
+#: the pre-registration lock, and a phase's plan
+LOCK_FILE = layout.prereg_lock()
+plan_file = layout.plan
 
 
-def record_path(phase, arm, rep):
-    return f"results/{phase}/{arm}/{rep}/deployment.json"
+class DeploymentPaths:
+    """The path patterns of one kind of deployment job (wildcards {arm} and ``rep``: {rep} or {drift}), all
+    from specstudy.core.layout: its record, folder, log, benchmark, the job's --deployment reference and plan."""
+
+    def __init__(self, phase, rep="{rep}", arm="{arm}"):
+        self.record = layout.deployment_record(phase, arm, rep)
+        self.dir = layout.deployment_dir(phase, arm, rep)
+        self.log = layout.deployment_log(phase, arm, rep)
+        self.benchmark = layout.deployment_benchmark(phase, arm, rep)
+        self.ref = layout.deployment_dir(phase, arm, rep, root="")  # --deployment <phase>/<arm>/<rep>
+        self.plan = layout.plan(phase)
+
+
+def results_root_of(kind, name, under=lambda root: root, files="output"):
+    """A params function: ``under(root)`` of the results root of a job's file ``name`` (its output, or input), read
+    back through the layout, so that a rule names no root or prefix of its own."""
+    def root(wildcards, input, output):
+        return under(layout.parse(kind, getattr(input if files == "input" else output, name))["root"])
+
+    return root
+
+
+#: the deployment jobs' path patterns (rules/deploy.smk)
+SCREEN = DeploymentPaths("screen")
+CONFIRM = DeploymentPaths("confirm")
+DRIFT = DeploymentPaths("{phase}", rep="{drift}")
 
 
 def deployment_outputs(phase):
-    pattern = f"results/{phase}/{{{{arm}}}}/{{{{rep}}}}/{{workload}}/c{{conc}}/summary.json"
+    pattern = layout.cell_summary(phase, "{{arm}}", "{{rep}}", "{workload}", "{conc}")
     return expand(pattern, workload=phase_workloads(phase), conc=phase_conc(phase))
 
 
@@ -304,7 +333,7 @@ def plan_for(phase):
 # ------------------------------------------------------------------ adaptive confirmation rounds
 
 def round_file(n):
-    return f"results/confirm/rounds/round{n}.json"
+    return layout.confirm_round(n)
 
 
 def round_state(n):
@@ -357,9 +386,9 @@ def confirm_round_inputs(wildcards):
                       for d in reps for c in d["cells"]],
         "records": [record_path("confirm", d["arm"], d["rep"]) for d in reps],
         # Screening gates (confirmation gates need the final rounds): a failed gate takes a candidate out of contention.
-        "gates": [f"results/gates/screen/{a}.json" for a in arms if a in spec_arms(screen_plan())],
-        "plan": "results/plan/confirm.json",
-        "lock": ancient("results/screen/prereg-lock.json"),
+        "gates": [layout.gate("screen", a) for a in arms if a in spec_arms(screen_plan())],
+        "plan": layout.plan("confirm"),
+        "lock": ancient(LOCK_FILE),
     }
     if n > CONFIRM_INITIAL:
         inputs["previous"] = round_file(n - 1)
@@ -378,10 +407,10 @@ def planned(phase, arm, rep):
     except KeyError:
         if phase == "confirm":
             raise WorkflowError(
-                f"results/confirm/{arm}/{rep}: '{arm}' was not selected for confirmation "
+                f"{layout.deployment_dir('confirm', arm, rep)}: '{arm}' was not selected for confirmation "
                 f"(selection: {selection_file()} picks {sorted({d['arm'] for d in p['deployments']})}). "
                 "Confirmation runs only what the pre-registered selection picked.") from None
-        raise WorkflowError(f"results/{phase}/{arm}/{rep}: not in the {phase} plan "
+        raise WorkflowError(f"{layout.deployment_dir(phase, arm, rep)}: not in the {phase} plan "
                             f"({len(p['deployments'])} deployments; skipped arms: {p['skipped']})") from None
 
 
@@ -391,12 +420,12 @@ def deployment_inputs(wildcards, phase=None):
     dep = planned(phase, wildcards.arm, rep)
     # The job reads its spec from the plan (--deployment <phase>/<arm>/<rep>) and the effective config.
     inputs = {"corpora": all_corpus_json(), "models": served_model_inputs(),
-              "plan": f"results/plan/{phase}.json", "config": ancient(DEPLOYMENT_CONFIG_FILE),
-              "lock": ancient("results/screen/prereg-lock.json")}
+              "plan": layout.plan(phase), "config": ancient(DEPLOYMENT_CONFIG_FILE),
+              "lock": ancient(LOCK_FILE)}
     if phase == "confirm":
         inputs["selection"] = ancient(selection_file())
         if dep["kind"] == "repeat" and dep["round"] > CONFIRM_INITIAL:
-            require_round(dep["round"], f"results/confirm/{wildcards.arm}/{rep}")
+            require_round(dep["round"], layout.deployment_dir("confirm", wildcards.arm, rep))
             inputs["round"] = ancient(round_file(dep["round"] - 1))
     if dep["after"]:
         a, r = dep["after"].split("/")
@@ -413,7 +442,7 @@ def confirm_deployment_inputs(wildcards):
 
 
 def drift_outputs():
-    return f"results/{{phase}}/{{arm}}/{{drift}}/{DRIFT_CELL['workload']}/c{DRIFT_CELL['concurrency']}/summary.json"
+    return layout.cell_summary("{phase}", "{arm}", "{drift}", DRIFT_CELL["workload"], DRIFT_CELL["concurrency"])
 
 
 def deployment_priority(phase):
@@ -457,7 +486,7 @@ def spec_arms(p):
 
 def gates_of(phase):
     p = screen_plan() if phase == "screen" else confirm_plan_active()
-    return [f"results/gates/{phase}/{a}.json" for a in spec_arms(p)]
+    return [layout.gate(phase, a) for a in spec_arms(p)]
 
 
 def screen_targets(wildcards):
@@ -508,16 +537,16 @@ def capacity_arms():
 def capacity_targets(wildcards):
     if not CAPACITY.get("enabled"):
         return []
-    return [f"results/capacity/{a}/knee.json" for a in capacity_arms()]
+    return [layout.capacity_knee(a) for a in capacity_arms()]
 
 
 def capacity_inputs(wildcards):
     if wildcards.arm not in capacity_arms():
-        raise WorkflowError(f"results/capacity/{wildcards.arm}: capacity runs only for baseline and the final candidate "
+        raise WorkflowError(f"{layout.capacity_dir(wildcards.arm)}: capacity runs only for baseline and the final candidate "
                             f"from confirmation ({final_candidate_file()})")
     return {"decision": ancient(final_candidate_file()), "corpora": all_corpus_json(), "models": served_model_inputs(),
             # the arm's spec comes from the confirmation plan, the search from the effective config
-            "plan": ancient("results/plan/confirm.json"), "config": ancient(DEPLOYMENT_CONFIG_FILE),
+            "plan": ancient(layout.plan("confirm")), "config": ancient(DEPLOYMENT_CONFIG_FILE),
             # ancient: re-measuring a confirmation cell rewrites the record but does not redo the capacity search
             "record": [ancient(r) for r in confirm_records_of_arm(wildcards.arm)]}
 
@@ -540,7 +569,7 @@ def report_inputs(wildcards):
     # A stale report depends on the missing checkpoint outputs as plain files: Snakemake plans the
     # checkpoint and the report again (through the checkpoint's own lookup it would see the old report
     # as current); once the checkpoint has run, the full inputs below apply.
-    stale = stale_inputs("results/report")
+    stale = stale_inputs(layout.report_dir())
     if stale:
         return {"stale": stale}
     return {
@@ -548,7 +577,7 @@ def report_inputs(wildcards):
         "confirm": confirm_cells() + confirm_records() + gates_of("confirm"),
         "selection": selection_file(),
         "rounds": confirm_round_files(),
-        "tables": "results/tables/cells.parquet",
+        "tables": layout.table("cells"),
         "capacity": capacity_targets(wildcards),
         "heldout": [FIXTURE_HELDOUT] if FIXTURES else [],
         "sections": report_extension_sections(),
@@ -556,10 +585,22 @@ def report_inputs(wildcards):
 
 
 def tables_inputs(wildcards):
-    stale = stale_inputs("results/tables")
+    stale = stale_inputs(layout.tables_dir())
     if stale:
-        return stale
-    return screen_cells() + screen_records() + gates_of("screen") + confirm_cells() + confirm_records() + gates_of("confirm")
+        return {"stale": stale}
+    return {"cells": screen_cells() + confirm_cells(), "records": screen_records() + confirm_records(),
+            "gates": gates_of("screen") + gates_of("confirm")}
+
+
+def tables_args(wildcards, input):
+    """The tables job's files: the cells, records and gates it was given. Planned stale (a checkpoint output it
+    was built from is missing, the real inputs are not known yet), it reads the whole results tree."""
+    names = input.keys()
+    if "stale" in names:
+        return f"--results {layout.ROOT}"
+    # before the plan checkpoints have run (a dry run), the files are not known yet
+    files = {name: list(getattr(input, name)) if name in names else [] for name in ("cells", "records", "gates")}
+    return " ".join(["--cells", *files["cells"], "--deployments", *files["records"], "--gates", *files["gates"]])
 
 
 # ------------------------------------------------------------------ extension phases (rules/extensions.smk)
@@ -636,7 +677,7 @@ def ext_summary_inputs(phase):
 
 
 def ext_section(phase):
-    return f"results/{phase}/section.md"
+    return layout.phase_section(phase)
 
 
 def ext_targets(phase):

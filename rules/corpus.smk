@@ -5,14 +5,16 @@ rule corpus:
     input:
         unpack(corpus_build_inputs),
     output:
-        corpus="results/corpora/{corpus}/{version}/corpus.json",
+        corpus=layout.corpus_json("{corpus}", "{version}"),
     log:
-        "results/logs/corpora/{corpus}-{version}.log",
+        layout.log("corpora", "{corpus}-{version}"),
     benchmark:
-        "results/benchmarks/corpora/{corpus}-{version}.tsv"
+        layout.benchmark("corpora", "{corpus}-{version}")
     params:
         tokenizer=tokenizer_dir(),
+        # the corpora folder of the output: the corpus lands in <corpora>/<name>/<version>/
+        corpora=results_root_of("corpus", "corpus", layout.corpora_dir),
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy corpus build --spec {input.spec} --out results/corpora --tokenizer {params.tokenizer} > {log} 2>&1"
+        "specstudy corpus build --spec {input.spec} --out {params.corpora} --tokenizer {params.tokenizer} > {log} 2>&1"

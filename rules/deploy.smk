@@ -2,26 +2,27 @@
 # planned order, stop. The job reads what to run from the plan (--plan, --deployment <phase>/<arm>/<rep>)
 # and how from the effective config; raw artifacts go to attempts/<deployment_id>/, declared outputs
 # are atomic copies. Measurement failures are data (exit 0); see docs/DESIGN.md "Deployment job shape".
+# Every path pattern comes from specstudy.core.layout (rules/common.smk: SCREEN, CONFIRM, DRIFT).
 
 
 rule deploy_screen:
     input:
         unpack(screen_deployment_inputs),
     output:
-        record="results/screen/{arm}/{rep}/deployment.json",
+        record=SCREEN.record,
         cells=deployment_outputs("screen"),
     log:
-        "results/logs/screen/{arm}/{rep}.log",
+        SCREEN.log,
     benchmark:
-        "results/benchmarks/screen/{arm}/{rep}.tsv"
+        SCREEN.benchmark
     params:
-        deployment="screen/{arm}/{rep}",
-        out="results/screen/{arm}/{rep}",
+        deployment=SCREEN.ref,
+        out=SCREEN.dir,
         # the files the job reads, named here (not from input:) so that a dry run can print the command
         # before checkpoint plan_screen has run
-        plan="results/plan/screen.json",
+        plan=SCREEN.plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     threads: 2
     resources:
         deployments=1,
@@ -37,20 +38,20 @@ rule deploy_confirm:
     input:
         unpack(confirm_deployment_inputs),
     output:
-        record="results/confirm/{arm}/{rep}/deployment.json",
+        record=CONFIRM.record,
         cells=deployment_outputs("confirm"),
     log:
-        "results/logs/confirm/{arm}/{rep}.log",
+        CONFIRM.log,
     benchmark:
-        "results/benchmarks/confirm/{arm}/{rep}.tsv"
+        CONFIRM.benchmark
     params:
-        deployment="confirm/{arm}/{rep}",
-        out="results/confirm/{arm}/{rep}",
+        deployment=CONFIRM.ref,
+        out=CONFIRM.dir,
         # the files the job reads, named here (not from input:) so that a dry run can print the command
         # before checkpoint plan_confirm has run
-        plan="results/plan/confirm.json",
+        plan=CONFIRM.plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     threads: 2
     resources:
         deployments=1,
@@ -66,17 +67,17 @@ use rule deploy_screen as deploy_drift with:
     input:
         unpack(deployment_inputs),
     output:
-        record="results/{phase}/{arm}/{drift}/deployment.json",
+        record=DRIFT.record,
         cells=drift_outputs(),
     log:
-        "results/logs/{phase}/{arm}/{drift}.log",
+        DRIFT.log,
     benchmark:
-        "results/benchmarks/{phase}/{arm}/{drift}.tsv"
+        DRIFT.benchmark
     params:
-        deployment="{phase}/{arm}/{drift}",
-        out="results/{phase}/{arm}/{drift}",
-        plan="results/plan/{phase}.json",
+        deployment=DRIFT.ref,
+        out=DRIFT.dir,
+        plan=DRIFT.plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     wildcard_constraints:
         arm="baseline",

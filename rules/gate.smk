@@ -5,11 +5,11 @@ rule gate:
     input:
         unpack(gate_inputs),
     output:
-        gate="results/gates/{phase}/{arm}.json",
+        gate=layout.gate("{phase}", "{arm}"),
     log:
-        "results/logs/gates/{phase}/{arm}.log",
+        layout.log("gates", "{phase}", "{arm}"),
     benchmark:
-        "results/benchmarks/gates/{phase}/{arm}.tsv"
+        layout.benchmark("gates", "{phase}", "{arm}")
     params:
         margins=GATE_MARGINS,
         tokenizer=tokenizer_dir(),

@@ -6,16 +6,16 @@ include: "mechanics_common.smk"
 
 rule decode_mechanics:
     input:
-        "results/mechanics/mechanics.json",
+        MECHANICS_SUMMARY,
 
 
 rule random_model:
     input:
         mechanics_tokenizer_inputs,
     output:
-        record="results/models/mechanics/{role}/model.json",
+        record=layout.mechanics_model("{role}"),
     log:
-        "results/logs/mechanics/model-{role}.log",
+        layout.log("mechanics", "model-{role}"),
     params:
         preset=lambda wildcards: mechanics_model_params(wildcards)["preset"],
         seed=lambda wildcards: mechanics_model_params(wildcards)["seed"],
@@ -37,9 +37,9 @@ rule mechanics_corpus:
     input:
         source=lambda wildcards: corpus_json(wildcards.workload),
     output:
-        corpus=f"results/mechanics/corpus/{{workload}}-mt{{max_tokens}}/corpus.json",
+        corpus=layout.mechanics_dir("corpus", "{workload}-mt{max_tokens}", "corpus.json"),
     log:
-        "results/logs/mechanics/corpus-{workload}-mt{max_tokens}.log",
+        layout.log("mechanics", "corpus-{workload}-mt{max_tokens}"),
     wildcard_constraints:
         max_tokens="[0-9]+",
     conda:
@@ -53,14 +53,14 @@ rule mechanics_run:
     input:
         unpack(mechanics_run_inputs),
     output:
-        record="results/mechanics/{label}/rep1/mechanics-arm.json",
+        record=layout.mechanics_arm("{label}"),
     log:
-        "results/logs/mechanics/{label}.log",
+        layout.log("mechanics", "{label}"),
     benchmark:
-        "results/benchmarks/mechanics/{label}.tsv"
+        layout.benchmark("mechanics", "{label}")
     params:
         mechanics=MECHANICS_FILE,
-        out="results/mechanics/{label}/rep1",
+        out=layout.deployment_dir(layout.MECHANICS, "{label}", 1),
     wildcard_constraints:
         label="baseline|self-draft-k[0-9]+|small-draft-k[0-9]+|ngram-k[0-9]+",
     # One GPU: arms run one after another through the deployments resource (--resources deployments=1,
@@ -81,15 +81,15 @@ rule mechanics_summary:
         records=mechanics_arm_records,
         config=ancient(CONFIG_FILE),
     output:
-        json="results/mechanics/mechanics.json",
-        markdown="results/mechanics/mechanics.md",
-        parquet="results/mechanics/mechanics.parquet",
+        json=MECHANICS_SUMMARY,
+        markdown=layout.mechanics_dir("mechanics.md"),
+        parquet=layout.mechanics_dir("mechanics.parquet"),
     log:
-        "results/logs/mechanics/summary.log",
+        layout.log("mechanics", "summary"),
     params:
         mechanics=MECHANICS_FILE,
     conda:
         "../envs/specstudy.yaml"
     shell:
         "specstudy mechanics summary --config {input.config} --mechanics {params.mechanics} "
-        "--results results --out results/mechanics > {log} 2>&1"
+        "--records {input.records} --out $(dirname {output.json}) > {log} 2>&1"

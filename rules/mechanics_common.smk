@@ -2,6 +2,7 @@
 from specstudy.mechanics import point as _mech  # noqa: E402
 
 MECHANICS_FILE = config.get("mechanics") or "config/gpu-h200-mechanics.yaml"
+MECHANICS_SUMMARY = layout.mechanics_dir("mechanics.json")
 
 
 def _mechanics():
@@ -22,14 +23,14 @@ def mechanics_model_params(wildcards):
 def mechanics_tokenizer_inputs(wildcards):
     tok = _mechanics()["tokenizer"]
     # The fixture tokenizer is built by rule fixture_models, whether or not the study uses the fixtures.
-    return [FIXTURE_RECORD] if tok.startswith("results/models/fixture/") else []
+    return [FIXTURE_RECORD] if tok.startswith(layout.models_dir("fixture") + "/") else []
 
 
 def mechanics_run_inputs(wildcards):
     m = _mechanics()
     label = wildcards.label
     if label not in _mech.arm_labels(m):
-        raise WorkflowError(f"results/mechanics/{label}: not a configured mechanics arm "
+        raise WorkflowError(f"{layout.mechanics_dir(label)}: not a configured mechanics arm "
                             f"({', '.join(_mech.arm_labels(m))}; {MECHANICS_FILE})")
     # The job builds its spec from the effective config and the mechanics config (specstudy mechanics spec).
     inputs = {"target": f"{_mech.model_dir('target')}/model.json",

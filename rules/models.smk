@@ -10,9 +10,9 @@ rule fixture_models:
     output:
         record=FIXTURE_RECORD,
     log:
-        "results/logs/models/fixture.log",
+        layout.log("models", "fixture"),
     benchmark:
-        "results/benchmarks/models/fixture.tsv"
+        layout.benchmark("models", "fixture")
     params:
         seed=(config.get("fixture_models") or {}).get("seed", 0),
         quick="--quick" if (config.get("fixture_models") or {}).get("quick") else "",
@@ -36,9 +36,9 @@ rule fixture_heldout:
     output:
         FIXTURE_HELDOUT,
     log:
-        "results/logs/models/fixture-heldout.log",
+        layout.log("models", "fixture-heldout"),
     benchmark:
-        "results/benchmarks/models/fixture-heldout.tsv"
+        layout.benchmark("models", "fixture-heldout")
     params:
         k=",".join(str(k) for k in config["arms"]["num_speculative_tokens"]),
     threads: 2
@@ -60,9 +60,9 @@ rule scale_models:
     output:
         record=SCALE_RECORD,
     log:
-        "results/logs/models/scale.log",
+        layout.log("models", "scale"),
     benchmark:
-        "results/benchmarks/models/scale.tsv"
+        layout.benchmark("models", "scale")
     params:
         seed=scale_param("seed", 0),
         device=scale_param("device", "auto"),

@@ -4,9 +4,9 @@
 rule effective_config:
     # Content-addressed (rules/common.smk: CONFIG_FILE, DEPLOYMENT_CONFIG_FILE); written here, never at parse time.
     output:
-        config="results/.config/{name}.json",
+        config=layout.config_file("{name}"),
     log:
-        "results/logs/config/{name}.log",
+        layout.log("config", "{name}"),
     wildcard_constraints:
         name="(deployment-)?[0-9a-f]+",
     run:
@@ -16,11 +16,11 @@ rule effective_config:
 rule prereg_lock:
     output:
         # Written once, before any screening deployment; protected so that nothing regenerates it.
-        lock=protected("results/screen/prereg-lock.json"),
+        lock=protected(LOCK_FILE),
     log:
-        "results/logs/plan/prereg-lock.log",
+        layout.log("plan", "prereg-lock"),
     benchmark:
-        "results/benchmarks/plan/prereg-lock.tsv"
+        layout.benchmark("plan", "prereg-lock")
     params:
         prereg=PREREG_FILE,
     conda:
@@ -35,14 +35,14 @@ checkpoint plan_screen:
     input:
         corpora=all_corpus_json(),
         methods=methods_record_input(),
-        lock=ancient("results/screen/prereg-lock.json"),
+        lock=ancient(LOCK_FILE),
         config=ancient(CONFIG_FILE),
     output:
-        plan="results/plan/screen.json",
+        plan=layout.plan("screen"),
     log:
-        "results/logs/plan/screen.log",
+        layout.log("plan", "screen"),
     benchmark:
-        "results/benchmarks/plan/screen.tsv"
+        layout.benchmark("plan", "screen")
     conda:
         "../envs/specstudy.yaml"
     shell:
@@ -56,11 +56,11 @@ checkpoint plan_confirm:
         selection=ancient(verified_selection_file),
         config=ancient(CONFIG_FILE),
     output:
-        plan="results/plan/confirm.json",
+        plan=layout.plan("confirm"),
     log:
-        "results/logs/plan/confirm.log",
+        layout.log("plan", "confirm"),
     benchmark:
-        "results/benchmarks/plan/confirm.tsv"
+        layout.benchmark("plan", "confirm")
     conda:
         "../envs/specstudy.yaml"
     shell:

@@ -7,22 +7,26 @@ checkpoint select:
         summaries=unless_locked(screen_repeat_cells),
         deployments=unless_locked(screen_repeat_records),
         gates=unless_locked(gates_of_screen),
-        lock=ancient("results/screen/prereg-lock.json"),
+        lock=ancient(LOCK_FILE),
     output:
         # Protected: confirmation consumes it only while its digest and the plan's sha256 match.
-        selection=protected("results/selection/selection.json"),
+        selection=protected(layout.selection()),
     log:
-        "results/logs/selection/selection.log",
+        layout.log("selection", "selection"),
     benchmark:
-        "results/benchmarks/selection/selection.tsv"
+        layout.benchmark("selection", "selection")
     params:
         config=CONFIG_FILE,
+        # selection may read screening outputs only (refused otherwise); the confirmation plan, when it
+        # exists, locks the selection (named here: it is no input of the selection)
+        screen_root=results_root_of("selection", "selection", lambda root: layout.phase_dir("screen", root)),
+        confirm_plan=layout.plan("confirm"),
     conda:
         "../envs/specstudy.yaml"
     shell:
         "specstudy select --config {params.config} --lock {input.lock} --summaries {input.summaries} "
-        "--deployments {input.deployments} --gates {input.gates} --screen-root results/screen "
-        "--confirm-plan results/plan/confirm.json --out {output.selection} > {log} 2>&1"
+        "--deployments {input.deployments} --gates {input.gates} --screen-root {params.screen_root} "
+        "--confirm-plan {params.confirm_plan} --out {output.selection} > {log} 2>&1"
 
 
 checkpoint final_candidate:
@@ -30,13 +34,13 @@ checkpoint final_candidate:
         summaries=confirm_cells,
         gates=gates_of_confirm,
         selection=ancient(selection_file),
-        plan=ancient("results/plan/confirm.json"),
+        plan=ancient(layout.plan("confirm")),
     output:
-        decision="results/selection/final-candidate.json",
+        decision=layout.final_candidate(),
     log:
-        "results/logs/selection/final-candidate.log",
+        layout.log("selection", "final-candidate"),
     benchmark:
-        "results/benchmarks/selection/final-candidate.tsv"
+        layout.benchmark("selection", "final-candidate")
     params:
         config=CONFIG_FILE,
     conda:
@@ -52,11 +56,11 @@ checkpoint confirm_round:
     input:
         unpack(confirm_round_inputs),
     output:
-        state="results/confirm/rounds/round{n}.json",
+        state=layout.confirm_round("{n}"),
     log:
-        "results/logs/confirm/rounds/round{n}.log",
+        layout.log("confirm", "rounds", "round{n}"),
     benchmark:
-        "results/benchmarks/confirm/rounds/round{n}.tsv"
+        layout.benchmark("confirm", "rounds", "round{n}")
     params:
         config=CONFIG_FILE,
     wildcard_constraints:

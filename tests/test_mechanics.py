@@ -245,6 +245,24 @@ def test_analysis_on_constructed_cells(tmp_path):
     assert atomic.read_json(res / "mechanics" / "mechanics.json")["not_a_study_result"] is True
 
 
+def test_the_summary_reads_the_records_the_rule_passes(tmp_path):
+    """`mechanics summary --records ...` (rule mechanics_summary): the results root is the records' own, through the
+    layout; records that are not the configured arms' are refused."""
+    import argparse
+
+    from specstudy.core import layout
+
+    m = _mech()
+    res = tmp_path / "results"
+    records = [layout.mechanics_arm(label, root=str(res)) for label in mechanics.arm_labels(m)]
+    args = argparse.Namespace(records=records, results="elsewhere")
+    assert mechanics._summary_root(m, args) == str(res)
+    with pytest.raises(mechanics.MechanicsError, match="not the records of the configured arms"):
+        mechanics._summary_root(m, argparse.Namespace(records=records[:1], results="results"))
+    with pytest.raises(layout.LayoutError, match="not a mechanics_arm path"):
+        mechanics._summary_root(m, argparse.Namespace(records=[str(res / "mechanics.json")], results="results"))
+
+
 def test_run_arm_records_an_exception_and_returns(tmp_path):
     spec = {"arm": {"name": "baseline", "method": "baseline", "mechanics_label": "baseline"},
             "engine": {"target": {"path": "nowhere"}}}   # run_deployment fails on this spec

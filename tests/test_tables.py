@@ -315,3 +315,23 @@ def test_cell_keys_keep_kind_and_rep_label():
     s = cell.failed_summary(keys, {}, "deployment_failed", "x")
     assert s["keys"]["kind"] == "drift" and s["keys"]["rep_label"] == "drift1"
     cell.validate_summary(s)
+
+
+def test_the_files_given_make_the_tables_of_the_tree(tree, tmp_path):
+    """What rule tables passes (cell summaries, deployment records, gates) gives the bytes of the whole tree
+    (attempts' request files and failure records are found beside the records through the layout)."""
+    _add_drift_deployment(tree)
+    whole = tables.build_tables(tree, tmp_path / "whole")
+    cells = [p for p in tree.glob("*/*/*/*/c*/summary.json") if "attempts" not in p.parts]
+    records = sorted(tree.glob("*/*/*/deployment.json"))
+    gates = sorted(tree.glob("gates/*/*.json"))
+    from specstudy.cli import main
+    from specstudy.core.errors import UserError
+
+    code = main(["tables", "--cells", *map(str, cells), "--deployments", *map(str, records),
+                 "--gates", *map(str, gates), "--out", str(tmp_path / "given")])
+    assert code == 0
+    for t, p in whole.items():
+        assert (tmp_path / "given" / p.name).read_bytes() == p.read_bytes(), t
+    with pytest.raises(UserError, match="not a cell path"):
+        tables.build_tables(None, tmp_path / "bad", files={"cells": [str(tree / "screen/baseline/code/c1/summary.json")]})

@@ -1,9 +1,14 @@
 """Parquet tables rebuilt from raw result artifacts alone.
 
-``specstudy tables --results results --out results/tables`` reads every ``deployment.json``, cell
-``summary.json``, ``attempts/*/<workload>/c<c>/requests.jsonl``, ``gates/<phase>/<arm>.json`` and
-``deployment-failures/**`` record and writes ``requests.parquet``, ``cells.parquet``,
-``deployments.parquet`` and ``gates.parquet``.
+``specstudy tables --cells ... --deployments ... --gates ... --out results/tables`` (what rule ``tables``
+runs) reads the cell ``summary.json`` files, ``deployment.json`` records and ``gates/<phase>/<arm>.json``
+judgements it is given, beside each deployment its attempts' ``attempts/*/<workload>/c<c>/requests.jsonl``, and
+the ``deployment-failures/`` records of the results root they lie in (found through :mod:`specstudy.core.layout`
+from the records' own paths: no rule declares them); it writes ``requests.parquet``, ``cells.parquet``, ``deployments.parquet`` and ``gates.parquet``.
+``specstudy tables --results results`` reads every such file of a results tree instead (interactive use).
+
+A cell's keys are those written in its summary (the path must agree: :func:`specstudy.core.integrity.verify_place`
+refuses a summary found elsewhere); nothing is read back from the folder names.
 
 The output is deterministic: rows are sorted by their keys, the column order is fixed (declared core
 columns first, then any extra flattened fields in sorted order), no timestamps go into the metadata,
@@ -31,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from specstudy.core import layout
 from specstudy.core.arms import ARM_RE, is_arm_name, parse_arm
 from specstudy.core.errors import UserError
 from specstudy.core.records import (
@@ -50,9 +56,7 @@ from specstudy.deployment.launchlog import STARTUP_PHASES
 from specstudy.study.plan import CORE_PHASES
 
 PHASES = CORE_PHASES
-REP_RE = re.compile(r"^(rep|drift)(\d+)$")  # repeat deployments rep<n>; interleaved drift baselines drift<n>
-CONC_RE = re.compile(r"^c(\d+)$")
-WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+WORKLOAD_RE = re.compile(f"^(?:{layout.WORKLOAD_PATTERN})$")
 
 TABLE_NAMES = ("requests", "cells", "deployments", "gates")
 
@@ -601,6 +605,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _arm_dirs(results: Path):
+    """Every deployment folder ``<phase>/<arm>/<rep>`` of a results tree (core phases, arm names only)."""
     for phase in PHASES:
         pdir = results / phase
         if not pdir.is_dir():
@@ -609,88 +614,144 @@ def _arm_dirs(results: Path):
             if not (adir.is_dir() and ARM_RE.match(adir.name)):
                 continue
             for rdir in sorted(adir.iterdir()):
-                m = REP_RE.match(rdir.name)
-                if rdir.is_dir() and m:
-                    yield phase, adir.name, int(m[2]), rdir
+                if rdir.is_dir() and layout.matches("deployment_dir", rdir):
+                    yield layout.parse_deployment_dir(rdir)
+
+
+def _cell_summaries(dep: layout.Deployment) -> list[Path]:
+    """The declared cell summaries in a deployment's folder (``<workload>/c<c>/summary.json``)."""
+    out = []
+    for spath in sorted(Path(dep.dir).glob(f"*/*/{layout.CELL_SUMMARY}")):
+        if spath.parent.parent.name != layout.ATTEMPTS and layout.matches("cell", spath):
+            out.append(spath)
+    return out
 
 
 def _kind_of(label: str) -> str:
-    """``drift`` for an interleaved drift baseline (drift<n>), ``repeat`` for rep<n>: the path decides."""
-    return "drift" if label.startswith("drift") else "repeat"
+    """``drift`` for an interleaved drift baseline (drift<n>), ``repeat`` for rep<n>: the label decides."""
+    return layout.rep_kind(label)
 
 
 def failure_record(ddir: Path) -> DeploymentRecord:
     """The failure record of one ``deployment-failures/<phase>/<arm>/rep<r>/<id>/`` directory: its
     ``failure.json`` (deployment.records.write_failure_record), or, where the job died between copying the launch log and
     writing the record, a record that says so."""
-    if (ddir / "failure.json").exists():
-        return _read(read_deployment, ddir / "failure.json")
-    phase, arm, repdir, dep_id = ddir.parts[-4:]
+    if (ddir / layout.FAILURE_RECORD).exists():
+        return _read(read_deployment, ddir / layout.FAILURE_RECORD)
+    k = layout.parse("failure", ddir)
+    arm = k["arm"]
     logs = sorted(ddir.glob("*.log"))
-    return DeploymentRecord(deployment_id=dep_id, phase=phase, arm=parse_arm(arm) if is_arm_name(arm) else {"name": arm},
-                            rep=int(REP_RE.match(repdir)[2]), status="failed", command=None, times=DeploymentTimes(),
+    return DeploymentRecord(deployment_id=k["deployment_id"], phase=k["phase"],
+                            arm=parse_arm(arm) if is_arm_name(arm) else {"name": arm},
+                            rep=layout.rep_number(k["rep"]), status="failed", command=None, times=DeploymentTimes(),
                             failure=Failure(stage=None, reason="no failure record (only logs)",
                                             log=str(logs[0]) if logs else None))
 
 
+def _failure_dirs(results: str | Path) -> list[Path]:
+    """Every failure record of the core phases under a results root
+    (``<root>/deployment-failures/<phase>/<arm>/<rep>/<id>/``): no rule declares them, a failed launch leaves them."""
+    fdir = Path(layout.failures_dir(results))
+    if not fdir.is_dir():
+        return []
+    return [d for d in sorted(p for p in fdir.glob("*/*/*/*") if p.is_dir())
+            if layout.matches("failure", d) and layout.parse("failure", d)["phase"] in PHASES]
+
+
 def collect(results: str | Path) -> dict[str, list[dict]]:
-    """All table rows (unsorted, unvalidated) from a results tree."""
+    """All table rows (unsorted, unvalidated) from a results tree: every deployment folder of the core phases,
+    every failure record, every gate."""
     results = Path(results)
+    deps = list(_arm_dirs(results))
+    cells = [c for d in deps for c in _cell_summaries(d)]
+    failures = _failure_dirs(results)
+    gates_dir = Path(layout.gates_dir(results))
+    gates = sorted(gates_dir.glob("*/*.json")) if gates_dir.is_dir() else []
+    return _collect(deps, cells, failures, gates)
+
+
+def collect_files(cells: list[str | Path], records: list[str | Path], gates: list[str | Path]) -> dict[str, list[dict]]:
+    """All table rows from the files given (what rule ``tables`` passes): the cell summaries, the deployment
+    records (with their attempts' request files and their failure records, beside them in the layout) and the
+    gates; the failure records of the results root those records lie in. A path that is not of its kind is
+    refused, naming it."""
+    deps: dict[layout.Deployment, None] = {}
+    for r in records:
+        deps.setdefault(layout.parse_deployment(r))
+    cell_paths = [Path(c) for c in cells]
+    for c in cell_paths:
+        deps.setdefault(layout.parse_cell(c).deployment)
+    for g in gates:
+        layout.parse("gate", g)
+    failures = [f for root in sorted({d.root for d in deps}) for f in _failure_dirs(root)]
+    return _collect(list(deps), cell_paths, failures, [Path(g) for g in gates])
+
+
+def _cell_from_keys(summary: CellSummary, spath: Path, root: str) -> layout.Cell:
+    """The cell a summary's own keys name (a summary written before ``keys.rep_label`` existed names its
+    repeat by number: the label is the folder's when its number is that repeat's)."""
+    keys = summary.keys
+    label = keys.rep_label
+    if label is None:
+        found = layout.parse_cell(spath).rep
+        label = found if keys.rep is not None and layout.rep_number(found) == keys.rep else layout.rep_label(keys.rep)
+    return layout.Cell(keys.phase, keys.arm, label, keys.workload, int(keys.concurrency), root)
+
+
+def _collect(deps: list[layout.Deployment], cells: list[Path], failures: list[Path], gates: list[Path]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {t: [] for t in TABLE_NAMES}
     known_deployments: set[str] = set()
-    for phase, arm, rep, rdir in _arm_dirs(results):
-        dep_path = rdir / "deployment.json"
+    by_dep: dict[layout.Deployment, list[Path]] = {d: [] for d in deps}
+    for c in cells:
+        by_dep.setdefault(layout.parse_cell(c).deployment, []).append(Path(c))
+    for dep in by_dep:
+        rdir = Path(dep.dir)
+        dep_path = Path(dep.record)
         spec = None
         if dep_path.exists():
-            dep = _read(read_deployment, dep_path)
-            row = deployment_row(dep, "deployment.json", {"kind": _kind_of(rdir.name), "rep_label": rdir.name})
+            rec = _read(read_deployment, dep_path)
+            row = deployment_row(rec, layout.DEPLOYMENT_RECORD, {"kind": dep.kind, "rep_label": dep.rep})
             out["deployments"].append(row)
             known_deployments.add(row["deployment_id"])
-            spec = dep.arm
+            spec = rec.arm
         chosen: dict[tuple[str, int], str] = {}
-        for wdir in sorted(rdir.iterdir()):
-            if not (wdir.is_dir() and WORKLOAD_RE.match(wdir.name)) or wdir.name == "attempts":
-                continue
-            for cdir in sorted(wdir.iterdir()):
-                m = CONC_RE.match(cdir.name)
-                spath = cdir / "summary.json"
-                if m and spath.exists():
-                    summary = _read(read_cell_summary, spath)
-                    _verify_summary(spath, phase=phase, arm=arm, rep=rep, rep_label=rdir.name, workload=wdir.name,
-                                    concurrency=int(m[1]))
-                    row = cell_row(summary)
-                    row["phase"], row["arm"], row["rep"] = phase, arm, rep  # the path is authoritative
-                    row["kind"], row["rep_label"] = _kind_of(rdir.name), rdir.name
-                    row["workload"], row["concurrency"] = wdir.name, int(m[1])
-                    out["cells"].append(row)
-                    chosen[(wdir.name, int(m[1]))] = row["deployment_id"]
-        adir = rdir / "attempts"
+        for spath in sorted(by_dep[dep]):
+            summary = _read(read_cell_summary, spath)
+            # the keys written in the summary are the cell; the place it was found must be the one they name
+            place = layout.parse_cell(spath)
+            _verify_summary(spath, phase=place.phase, arm=place.arm, rep=place.deployment.number, rep_label=place.rep,
+                            workload=place.workload, concurrency=place.concurrency)
+            cell = _cell_from_keys(summary, spath, dep.root)
+            row = cell_row(summary)
+            row["phase"], row["arm"], row["rep"] = cell.phase, cell.arm, cell.deployment.number
+            row["kind"], row["rep_label"] = cell.deployment.kind, cell.rep
+            row["workload"], row["concurrency"] = cell.workload, cell.concurrency
+            out["cells"].append(row)
+            chosen[(cell.workload, cell.concurrency)] = row["deployment_id"]
+        adir = rdir / layout.ATTEMPTS
         if adir.is_dir():
             for att in sorted(p for p in adir.iterdir() if p.is_dir()):
-                for req in sorted(att.glob("*/c*/requests.jsonl")):
-                    workload, cm = req.parent.parent.name, CONC_RE.match(req.parent.name)
-                    if not cm or not WORKLOAD_RE.match(workload):
+                for req in sorted(att.glob(f"*/*/{layout.REQUESTS}")):
+                    if not layout.matches("attempt_cell_dir", req.parent):
                         continue
-                    conc = int(cm[1])
-                    keys = arm_keys(phase, arm, rep, spec)
-                    keys.update({"workload": workload, "concurrency": conc, "kind": _kind_of(rdir.name),
-                                 "rep_label": rdir.name})
+                    k = layout.parse("attempt_cell_dir", req.parent)
+                    workload, conc = k["workload"], k["concurrency"]
+                    if not WORKLOAD_RE.match(workload):
+                        continue
+                    keys = arm_keys(dep.phase, dep.arm, dep.number, spec)
+                    keys.update({"workload": workload, "concurrency": conc, "kind": dep.kind, "rep_label": dep.rep})
                     out["requests"].extend(request_rows(_read_jsonl(req), keys, att.name,
                                                         chosen.get((workload, conc)) == att.name))
-    fdir = results / "deployment-failures"
-    if fdir.is_dir():
-        for ddir in sorted(p for p in fdir.glob("*/*/*/*") if p.is_dir()):
-            phase, arm, repdir, dep_id = ddir.parts[-4:]
-            m = REP_RE.match(repdir)
-            if not m or phase not in PHASES or dep_id in known_deployments:
-                continue
-            out["deployments"].append(deployment_row(failure_record(ddir), "failure_record",
-                                                     {"kind": _kind_of(repdir), "rep_label": repdir}))
+    for ddir in failures:
+        k = layout.parse("failure", ddir)
+        if k["deployment_id"] in known_deployments:
+            continue
+        out["deployments"].append(deployment_row(failure_record(ddir), "failure_record",
+                                                 {"kind": layout.rep_kind(k["rep"]), "rep_label": k["rep"]}))
     _measuring_time(out)
-    gdir = results / "gates"
-    if gdir.is_dir():
-        for g in sorted(gdir.glob("*/*.json")):
-            out["gates"].append(gate_row(_read(read_gate, g), g.parent.name, g.stem))
+    for g in sorted(gates):
+        k = layout.parse("gate", g)
+        out["gates"].append(gate_row(_read(read_gate, g), k["phase"], k["arm"]))
     return out
 
 
@@ -811,14 +872,18 @@ def table_bytes(tbl) -> bytes:
     return buf.getvalue()
 
 
-def build_tables(results: str | Path, out: str | Path) -> dict[str, Path]:
+def build_tables(results: str | Path | None, out: str | Path, *, files: dict[str, list] | None = None) -> dict[str, Path]:
+    """Write the four tables into ``out``: from the ``files`` given (``{"cells", "records", "gates"}``: what
+    rule ``tables`` passes), or from every result file of the tree ``results``."""
     from specstudy.core import atomic
 
-    collected = collect(results)
+    collected = collect_files(files.get("cells") or [], files.get("records") or [], files.get("gates") or []) \
+        if files is not None else collect(results)
+    source = str(results) if files is None else "the given result files"
     written = {}
     for table in TABLE_NAMES:
         rows = collected[table]
-        validate_rows(table, rows, str(results))
+        validate_rows(table, rows, source)
         tbl = build_table(table, rows)
         written[table] = atomic.write_bytes(Path(out) / f"{table}.parquet", table_bytes(tbl))
     return written
@@ -839,12 +904,19 @@ def read_tables(tables: str | Path) -> dict:
 
 
 def _cmd_tables(args) -> int:
-    if not Path(args.results).is_dir():
-        from specstudy.core.errors import UserError
-
-        raise UserError(f"--results {args.results}: no such results directory (run from the study's working "
-                        "directory, or pass the directory that holds screen/, confirm/, gates/)")
-    written = build_tables(args.results, args.out)
+    given = args.cells is not None or args.deployments is not None or args.gates is not None
+    if given and args.results is not None:
+        raise UserError("tables: give the result files (--cells, --deployments, --gates) or a results tree "
+                        "(--results), not both")
+    if given:
+        files = {"cells": args.cells or [], "records": args.deployments or [], "gates": args.gates or []}
+        written = build_tables(None, args.out, files=files)
+    else:
+        results = args.results or layout.ROOT
+        if not Path(results).is_dir():
+            raise UserError(f"--results {results}: no such results directory (run from the study's working "
+                            "directory, or pass the directory that holds screen/, confirm/, gates/)")
+        written = build_tables(results, args.out)
     for t, p in written.items():
         print(f"{t}: {p}")
     return 0
@@ -852,6 +924,13 @@ def _cmd_tables(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tables", help="rebuild the Parquet tables from raw result artifacts")
-    p.add_argument("--results", default="results", help="results directory (default: results)")
-    p.add_argument("--out", default="results/tables", help="output directory (default: results/tables)")
+    p.add_argument("--cells", nargs="*", default=None, metavar="SUMMARY",
+                   help="cell summaries (<phase>/<arm>/<rep>/<workload>/c<c>/summary.json): what rule tables passes")
+    p.add_argument("--deployments", nargs="*", default=None, metavar="RECORD",
+                   help="deployment records (<phase>/<arm>/<rep>/deployment.json); their attempts' request files and "
+                   "failure records are read beside them")
+    p.add_argument("--gates", nargs="*", default=None, metavar="GATE", help="gate records (gates/<phase>/<arm>.json)")
+    p.add_argument("--results", default=None,
+                   help="instead of the files: every result of this results tree (default, with no files: results)")
+    p.add_argument("--out", default=layout.tables_dir(), help=f"output directory (default: {layout.tables_dir()})")
     p.set_defaults(func=_cmd_tables)

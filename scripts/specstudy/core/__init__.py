@@ -5,6 +5,7 @@
 - :mod:`.schemas` — the JSON schemas under ``config/schemas/`` and their validation;
 - :mod:`.records` — typed result records and their one reader each (docs/DESIGN.md, "Records in code");
 - :mod:`.arms` — arm names, their parser and the wildcard pattern;
+- :mod:`.layout` — the results-path layout: every path under ``results/`` built and parsed in one place;
 - :mod:`.integrity` — the seal on a cell summary and the check of the files it names;
 - :mod:`.content` — what a published record's content is (a re-run writes only what changed);
 - :mod:`.studyyaml` — the study's YAML reader (duplicate keys, non-finite numbers named by line);

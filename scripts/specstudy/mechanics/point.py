@@ -32,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.arms import arm_name
 
 LABEL = "mechanics (random weights; not a study result)"
@@ -139,13 +139,13 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def model_dir(role: str, results: str = "results") -> str:
+def model_dir(role: str, results: str = layout.ROOT) -> str:
     """``results/models/mechanics/<role>`` for role target | draft."""
-    return f"{results}/models/mechanics/{role}"
+    return layout.models_dir(layout.MECHANICS, role, root=results)
 
 
-def corpus_dir(m: dict, results: str = "results") -> str:
-    return f"{results}/mechanics/corpus/{m['workload']}-mt{int(m['cells']['max_tokens'])}"
+def corpus_dir(m: dict, results: str = layout.ROOT) -> str:
+    return layout.mechanics_dir("corpus", f"{m['workload']}-mt{int(m['cells']['max_tokens'])}", root=results)
 
 
 def arms(m: dict, target_tp: int = 1) -> list[dict]:
@@ -237,8 +237,8 @@ def derive_corpus(src_dir: str | Path, out_dir: str | Path, max_tokens: int) -> 
 
 # ----------------------------------------------------------------------------- running
 
-def arm_record_path(label: str, results: str = "results") -> Path:
-    return Path(results) / "mechanics" / label / REP / "mechanics-arm.json"
+def arm_record_path(label: str, results: str = layout.ROOT) -> Path:
+    return Path(layout.mechanics_arm(label, root=results))
 
 
 def _model_record(path: str | None) -> dict | None:
@@ -351,7 +351,7 @@ def summarize(mech: dict, results: str | Path = "results") -> dict:
                          "seconds": (rec or {}).get("seconds"), "draft_model": (rec or {}).get("draft_model"),
                          "record": str(rec_path)})
         for c in mech["concurrency"]:
-            p = results / "mechanics" / label / REP / mech["workload"] / f"c{int(c)}" / "summary.json"
+            p = Path(layout.cell_summary(layout.MECHANICS, label, REP, mech["workload"], int(c), root=str(results)))
             summary = atomic.read_json(p) if p.exists() else None
             rows.append(cell_row(label, a["arm"], summary, int(c), status))
     base = {r["concurrency"]: r for r in rows if r["mechanics_label"] == "baseline"}
@@ -466,10 +466,23 @@ def _cmd_corpus(args) -> int:
     return 0
 
 
+def _summary_root(m: dict, args) -> str:
+    """The results root of the arms' records given (``--records``: what rule mechanics_summary passes), else
+    ``--results``; the records must be those of the configured arms."""
+    if not args.records:
+        return args.results
+    roots = {layout.parse("mechanics_arm", r)["root"] for r in args.records}
+    labels = {layout.parse("mechanics_arm", r)["arm"] for r in args.records}
+    if len(roots) != 1 or labels != set(arm_labels(m)):
+        raise MechanicsError(f"--records {' '.join(args.records)}: not the records of the configured arms "
+                             f"({', '.join(arm_labels(m))}) under one results root")
+    return roots.pop()
+
+
 def _cmd_summary(args) -> int:
     study = _study_config(args.config)
     m = load_mechanics(args.mechanics, study)
-    result = write_summary(m, args.results, args.out)
+    result = write_summary(m, _summary_root(m, args), args.out)
     ok = sum(1 for a in result["arms"] if a["status"] == "ok")
     for a in result["arms"]:
         print(f"{LABEL}: arm {a['mechanics_label']}: {a['status']}, {a['seconds']} s" + (f" — {a['error']}" if a["error"] else ""))
@@ -501,6 +514,9 @@ def register(sub) -> None:
     m = msub.add_parser("summary", help="mechanics.json / mechanics.md / mechanics.parquet from the arms' cells")
     m.add_argument("--config", required=True)
     m.add_argument("--mechanics", required=True)
-    m.add_argument("--results", default="results")
-    m.add_argument("--out", default="results/mechanics")
+    m.add_argument("--records", nargs="*", default=None, metavar="RECORD",
+                   help="the arms' records (results/mechanics/<label>/rep1/mechanics-arm.json): what the rule passes; "
+                   "their cells are read beside them")
+    m.add_argument("--results", default=layout.ROOT, help="without --records: the results root to read the arms from")
+    m.add_argument("--out", default=layout.mechanics_dir())
     m.set_defaults(func=_cmd_summary)
