@@ -30,7 +30,14 @@ from typing import Any
 
 from specstudy.core import atomic, schemas
 from specstudy.core.arms import arm_from_upstream_model
-from specstudy.core.capture_file import capture_record, captured_at, output_fields, read_capture_json
+from specstudy.core.capture_file import (
+    capture_data,
+    capture_record,
+    captured_at,
+    is_deployment_record,
+    output_fields,
+    read_capture_json,
+)
 
 CAPTURE_SCHEMA = "specstudy.capture/1"
 COMPARISON_SCHEMA = "specstudy.comparison/1"
@@ -204,23 +211,9 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
     }
 
 
-def _is_deployment(data: Any) -> bool:
-    if not isinstance(data, dict):
-        return False
-    schema = data.get("schema")
-    if isinstance(schema, str) and schema.startswith("specstudy.deployment/"):
-        return True
-    return "status" in data and "deployment_id" in data and "prompts" not in data
-
-
 def load_capture(path_or_record: str | os.PathLike | dict, *, source: str | None = None) -> dict:
     """Load and validate a capture; upstream captures are converted (see :func:`from_upstream_capture`)."""
-    if isinstance(path_or_record, dict):
-        data, src = path_or_record, source or "<capture>"
-    else:
-        data, src = read_capture_json(path_or_record, GateInputError), str(path_or_record)
-    if not isinstance(data, dict):
-        raise GateInputError(f"{src}: top level must be a JSON object (a greedy capture)")
+    data, src = capture_data(path_or_record, GateInputError, "greedy capture", source or "<capture>")
     if data.get("schema") != CAPTURE_SCHEMA and "cases" in data and "schema_version" in data:
         data = from_upstream_capture(data, src)
     elif data.get("schema") != CAPTURE_SCHEMA:
@@ -455,7 +448,7 @@ def _expand(items, role: str) -> tuple[list[tuple[dict, str]], list[dict]]:
         if data.get("schema") == CAPTURE_SCHEMA or "cases" in data:
             captures.append((load_capture(data, source=label), label))
             continue
-        if _is_deployment(data):
+        if is_deployment_record(data):
             status = data.get("status")
             if status != "ok":
                 failure = data.get("failure") or {}

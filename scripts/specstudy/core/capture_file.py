@@ -6,7 +6,9 @@ capture (:mod:`specstudy.phases.sampling_capture`) write and read alike.
 - :func:`corpus_ref` — the ``{name, version, digest}`` a capture (and a deployment record) names its corpus by;
 - :func:`capture_record` — the record around the prompts' rows (deployment, arm, model, corpus, times);
 - :func:`read_capture_json` — a capture or record file's JSON, a missing or broken file raising the caller's
-  error naming the path.
+  error naming the path; :func:`capture_data` — a capture given as a file or as its data;
+  :func:`is_deployment_record` — whether a file passed where captures are read is a deployment record
+  (which then stands for the captures it names).
 
 Imports ``core.atomic`` only.
 """
@@ -21,7 +23,8 @@ from typing import Any
 
 from specstudy.core import atomic
 
-__all__ = ["capture_record", "captured_at", "corpus_ref", "output_fields", "read_capture_json", "text_sha256"]
+__all__ = ["capture_data", "capture_record", "captured_at", "corpus_ref", "is_deployment_record", "output_fields",
+           "read_capture_json", "text_sha256"]
 
 
 def captured_at() -> str:
@@ -68,3 +71,26 @@ def read_capture_json(path: str | os.PathLike, error: type[Exception]) -> Any:
         raise error(f"{path}: file not found") from None
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from None
+
+
+def capture_data(path_or_record: str | os.PathLike | dict, error: type[Exception], what: str,
+                 source: str) -> tuple[dict, str]:
+    """A capture given as a file or as its data: (the data, the name its errors use: the path, else
+    ``source``); a top level that is not a JSON object raises ``error`` naming it as not a ``what``."""
+    if isinstance(path_or_record, dict):
+        data, src = path_or_record, source
+    else:
+        data, src = read_capture_json(path_or_record, error), str(path_or_record)
+    if not isinstance(data, dict):
+        raise error(f"{src}: top level must be a JSON object (a {what})")
+    return data, src
+
+
+def is_deployment_record(data: Any) -> bool:
+    """A deployment record (schema ``deployment``, or an older one's fields), not a capture."""
+    if not isinstance(data, dict):
+        return False
+    schema = data.get("schema")
+    if isinstance(schema, str) and schema.startswith("specstudy.deployment/"):
+        return True
+    return "status" in data and "deployment_id" in data and "prompts" not in data

@@ -321,12 +321,11 @@ def captures_of(paths: list[str]) -> list[str]:
     capture is left out, with a note); any other file is taken as a capture."""
     import sys
 
-    from specstudy.core.capture_file import read_capture_json
+    from specstudy.core.capture_file import is_deployment_record, read_capture_json
 
     caps = []
     for path in paths:
-        data = read_capture_json(path, SamplingInputError)
-        if not (isinstance(data, dict) and str(data.get("schema", "")).startswith("specstudy.deployment/")):
+        if not is_deployment_record(read_capture_json(path, SamplingInputError)):
             caps.append(path)
             continue
         rec = records.read_deployment(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from specstudy.core import atomic, schemas
-from specstudy.core.capture_file import capture_record, captured_at, output_fields, read_capture_json
+from specstudy.core.capture_file import capture_data, capture_record, captured_at, output_fields
 from specstudy.study.prereg import SamplingInputError
 
 __all__ = ["CAPTURE_SCHEMA", "GREEDY_CAPTURE_SCHEMA", "capture_sampled", "load_sampled_capture"]
@@ -26,12 +26,7 @@ GREEDY_CAPTURE_SCHEMA = "specstudy.capture/1"
 
 def load_sampled_capture(path_or_record: str | os.PathLike | dict, *, source: str | None = None) -> dict:
     """Load and validate a sampled capture (schema ``sampled-capture``); errors name the file and field."""
-    if isinstance(path_or_record, dict):
-        data, src = path_or_record, source or "<sampled capture>"
-    else:
-        data, src = read_capture_json(path_or_record, SamplingInputError), str(path_or_record)
-    if not isinstance(data, dict):
-        raise SamplingInputError(f"{src}: top level must be a JSON object (a sampled capture)")
+    data, src = capture_data(path_or_record, SamplingInputError, "sampled capture", source or "<sampled capture>")
     if data.get("schema") == GREEDY_CAPTURE_SCHEMA:
         raise SamplingInputError(f"{src}: field 'schema' is {GREEDY_CAPTURE_SCHEMA!r}, a greedy capture (temperature "
                                  "0); the sampling judge needs sampled captures (schema "
