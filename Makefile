@@ -17,7 +17,7 @@ PYTEST_PAR := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadgrou
 # Study config of `make cost` (the embedded study unless given, e.g. CONFIG=config/clariden-70b.yaml).
 CONFIG ?= config/config.yaml
 
-.PHONY: install install-harness install-suffix gpu-stage study screen confirm capacity report sampling mechanics memory profile rerun test test-fast lint bench bench-decision confirm-again clean-results cost
+.PHONY: install install-harness install-suffix gpu-stage study screen confirm capacity report sampling ignore_eos mechanics memory profile rerun test test-fast lint bench bench-decision confirm-again clean-results cost
 
 install:
 	envs/install.sh embedded
@@ -36,7 +36,7 @@ gpu-stage:
 	python3 envs/gpu/stage.py
 
 # Deployment jobs also write their progress lines to this terminal (specstudy/measure/progress.py).
-study screen confirm capacity sampling mechanics memory profile: export SPECSTUDY_PROGRESS_TTY = 1
+study screen confirm capacity sampling ignore_eos mechanics memory profile: export SPECSTUDY_PROGRESS_TTY = 1
 
 study: install
 	$(BIN)/snakemake --profile $(PROFILE) all
@@ -45,8 +45,12 @@ screen confirm capacity report: install
 	$(BIN)/snakemake --profile $(PROFILE) $@
 
 # The opt-in extension phases (docs/extensions.md); each runs after screening and the selection.
-sampling mechanics memory profile: install
+sampling ignore_eos memory profile: install
 	$(BIN)/snakemake --profile $(PROFILE) $@
+
+# The old name of the ignore_eos (fixed-length) phase's target, kept so `make mechanics` still runs it;
+# "mechanics" is the random-weights point (`snakemake decode_mechanics`, docs/gpu.md).
+mechanics: ignore_eos
 
 # Re-run the job writing one result (a cell: its deployment): make rerun CELL=results/screen/<arm>/rep1/<w>/c1/summary.json
 rerun: install

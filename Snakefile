@@ -53,13 +53,7 @@ localrules:
     final_candidate,
     confirm_round,
     tables,
-    sampling,
-    mechanics,
-    memory,
-    profile,
     plan_extension,
-    extension_summary,
-    sampling_summary,
 
 
 rule all:

@@ -222,16 +222,14 @@ def corpus_build_inputs(wildcards):
 # ------------------------------------------------------------------ plans and deployments
 
 def phase_conc(phase):
-    if phase in EXT_PHASES:
-        conc = _ext_section(phase).get("concurrency") or []
-        return [conc] if isinstance(conc, int) else list(conc)
+    if phase in EXT_PHASES:  # as the phase's declaration expands its cells
+        return _ext.DECLS[phase].cell_concurrency(config)
     return SCREEN_CONC if phase == "screen" else CONFIRM_CONC
 
 
 def phase_workloads(phase):
     if phase in EXT_PHASES:
-        s = _ext_section(phase)
-        return list(s.get("workloads") or ([s["workload"]] if phase == "profile" else []))
+        return _ext.DECLS[phase].cell_workloads(config)
     return WORKLOADS
 
 
@@ -604,26 +602,25 @@ def tables_args(wildcards, input):
 
 
 # ------------------------------------------------------------------ extension phases (rules/extensions.smk)
-# Opt-in phases after the greedy core (specstudy.study.extensions; docs/extensions.md): each has its own plan
-# checkpoint (results/plan/<phase>.json), deployments under results/<phase>/, a summary and a report
-# section; none is ever read by the core tables, gates, selection or decision.
-from specstudy.study import extensions as _ext  # noqa: E402
+# Opt-in phases after the greedy core, each declared once (specstudy.study.phase_decl; docs/extensions.md): each
+# has its own plan checkpoint (results/plan/<phase>.json), deployments under results/<phase>/, a summary and a
+# report section; none is ever read by the core tables, gates, selection or decision.
+from specstudy.study import phase_decl as _ext  # noqa: E402
 
 try:
     _ext.check(config, PREREG, _CONFIG_SOURCE)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 EXT_PHASES = _ext.declared(config)
+#: every opt-in phase (declared in this config or not: each has its target, which names what is missing)
+EXT_PHASE_NAMES = _ext.EXTENSION_PHASES
+EXT_PHASE_PATTERN = "|".join(EXT_PHASE_NAMES)
 EXT_ARMS_FROM_CONFIRMATION = (config.get("extensions") or {}).get("arms", "confirmation") == "confirmation"
-
-
-def _ext_section(phase):
-    return (config.get("extensions") or {})[phase]
 
 
 def require_extension(phase):
     if phase not in EXT_PHASES:
-        raise WorkflowError(f"`snakemake {_ext.TARGETS[phase]}`: the study config declares no 'extensions.{phase}' "
+        raise WorkflowError(f"`snakemake {_ext.DECLS[phase].target}`: the study config declares no 'extensions.{phase}' "
                             "section; declare it (see config/config.yaml and docs/extensions.md)")
 
 
@@ -667,9 +664,10 @@ def ext_summary_inputs(phase):
         p = ext_plan(phase)
         out = {"plan": f"results/plan/{phase}.json", "records": _records_of(p), "cells": _cells_of(p),
                "config": ancient(CONFIG_FILE)}
-        if phase in ("sampling", "ignore_eos"):  # the greedy, natural-EOS figures shown beside them
+        joins = _ext.DECLS[phase].joins(config)  # what the phase's declaration joins besides its own cells
+        if "natural" in joins:  # the greedy, natural-EOS figures shown beside them
             out["natural"] = confirm_cells() + confirm_records()
-        if phase == "memory" and CAPACITY.get("enabled") and _ext_section("memory").get("join_capacity", True):
+        if "knees" in joins:  # the capacity knees
             out["knees"] = capacity_targets(wildcards)
         return out
 

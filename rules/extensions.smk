@@ -1,28 +1,10 @@
-# Opt-in extension phases after the greedy core (specstudy.study.extensions; docs/extensions.md): each phase
-# plans its deployments from the confirmation plan's arms, runs them through the same deployment job,
-# and summarises them into results/<phase>/{summary.json,section.md} (the sampling phase: also its judges,
-# results/sampling/gates/<arm>.json). Never pooled with screen/confirm.
-# Targets: sampling, mechanics (ignore_eos), memory, profile.
-
-
-rule sampling:
-    input:
-        ext_targets("sampling"),
-
-
-rule mechanics:
-    input:
-        ext_targets("ignore_eos"),
-
-
-rule memory:
-    input:
-        ext_targets("memory"),
-
-
-rule profile:
-    input:
-        ext_targets("profile"),
+# Opt-in extension phases after the greedy core, each declared once (specstudy.study.phase_decl) with its
+# behaviour registered once (specstudy.phases; docs/extensions.md): each phase plans its deployments from the
+# confirmation plan's arms, runs them through the same deployment job, and summarises them into
+# results/<phase>/{summary.json,section.md} (the sampling phase: also its judges, results/sampling/gates/<arm>.json).
+# Never pooled with screen/confirm. Targets (the declarations' `target`): sampling, ignore_eos, memory, profile.
+# The phase's target and summary rules are made here for every declared phase; the deployment rules name each
+# phase's outputs (a rule's outputs cannot depend on a wildcard's value).
 
 
 checkpoint plan_extension:
@@ -41,7 +23,7 @@ checkpoint plan_extension:
         config=CONFIG_FILE,
         corpora=all_corpus_json(),
     wildcard_constraints:
-        ext="sampling|ignore_eos|memory|profile",
+        ext=EXT_PHASE_PATTERN,
     conda:
         "../envs/specstudy.yaml"
     shell:
@@ -124,48 +106,42 @@ use rule deploy_screen as deploy_profile with:
     priority: 1
 
 
-rule extension_summary:
-    input:
-        unpack(lambda wildcards: ext_summary_inputs(wildcards.ext)(wildcards)),
-    output:
-        summary="results/{ext}/summary.json",
-        section="results/{ext}/section.md",
-    log:
-        "results/logs/{ext}/summary.log",
-    benchmark:
-        "results/benchmarks/{ext}/summary.tsv"
-    params:
-        prereg=PREREG_FILE,
-        # named here, not from input: (which waits on the phase's plan checkpoint), so a dry run prints the command
-        plan="results/plan/{ext}.json",
-        config=CONFIG_FILE,
-        phase="{ext}",
-        out=lambda wildcards, output: os.path.dirname(output.section),
-    wildcard_constraints:
-        ext="ignore_eos|memory|profile",
-    conda:
-        "../envs/specstudy.yaml"
-    shell:
-        "specstudy extension summary --phase {params.phase} --plan {params.plan} --config {params.config} "
-        "--prereg {params.prereg} --results results --out {params.out} > {log} 2>&1"
+for _phase in EXT_PHASE_NAMES:
 
+    # The phase's target: its deployments, cells and its summary section.
+    rule:
+        name:
+            _ext.DECLS[_phase].target
+        input:
+            ext_targets(_phase),
+        localrule: True
 
-# The sampling phase's summary also judges every speculative arm (results/sampling/gates/<arm>.json) from
-# the deployment records' sampled captures, so the section is never built without its verdicts.
-use rule extension_summary as sampling_summary with:
-    input:
-        unpack(ext_summary_inputs("sampling")),
-    output:
-        summary="results/sampling/summary.json",
-        section="results/sampling/section.md",
-        gates=directory("results/sampling/gates"),
-    log:
-        "results/logs/sampling/summary.log",
-    benchmark:
-        "results/benchmarks/sampling/summary.tsv"
-    params:
-        prereg=PREREG_FILE,
-        plan="results/plan/sampling.json",
-        config=CONFIG_FILE,
-        phase="sampling",
-        out=lambda wildcards, output: os.path.dirname(output.section),
+    # The phase's summary and report section, by the phase's registered behaviour (the sampling phase's also
+    # judges every speculative arm from the deployment records' sampled captures, so the section is never
+    # built without its verdicts).
+    rule:
+        name:
+            f"{_phase}_summary"
+        input:
+            unpack(ext_summary_inputs(_phase)),
+        output:
+            summary=f"results/{_phase}/summary.json",
+            section=f"results/{_phase}/section.md",
+            **{d: directory(f"results/{_phase}/{d}") for d in _ext.DECLS[_phase].summary_dirs},
+        log:
+            f"results/logs/{_phase}/summary.log",
+        benchmark:
+            f"results/benchmarks/{_phase}/summary.tsv"
+        params:
+            prereg=PREREG_FILE,
+            # named here, not from input: (which waits on the phase's plan checkpoint), so a dry run prints the command
+            plan=f"results/plan/{_phase}.json",
+            config=CONFIG_FILE,
+            phase=_phase,
+            out=lambda wildcards, output: os.path.dirname(output.section),
+        localrule: True
+        conda:
+            "../envs/specstudy.yaml"
+        shell:
+            "specstudy phase summary {params.phase} --plan {params.plan} --config {params.config} "
+            "--prereg {params.prereg} --results results --out {params.out} > {log} 2>&1"

@@ -22,7 +22,7 @@ from specstudy.core import schemas  # noqa: E402
 from specstudy.job.run import WARMUP_SEED_OFFSET, _request_specs  # noqa: E402
 from specstudy.job.spec import deployment_spec  # noqa: E402
 from specstudy.measure.loadgen import _payload  # noqa: E402
-from specstudy.study import extensions, plan  # noqa: E402
+from specstudy.study import phase_decl, plan  # noqa: E402
 from specstudy.study.config import ConfigError, load_config  # noqa: E402
 from specstudy.study.prereg import load_prereg  # noqa: E402
 
@@ -130,21 +130,21 @@ def test_bad_extension_config_is_named(cfg, prereg):
     bad = copy.deepcopy(cfg)
     bad["extensions"]["ignore_eos"]["workloads"] = ["chat"]
     with pytest.raises(ConfigError, match=r"extensions.ignore_eos.*'chat' is not under corpora.workloads"):
-        extensions.check(bad, prereg, "cfg.yaml")
+        phase_decl.check(bad, prereg, "cfg.yaml")
     with pytest.raises(ConfigError, match=r"cfg.yaml: field 'extensions.sampling' needs the pre-registration's 'sampling'"):
-        extensions.check(cfg, {k: v for k, v in prereg.items() if k != "sampling"}, "cfg.yaml")
+        phase_decl.check(cfg, {k: v for k, v in prereg.items() if k != "sampling"}, "cfg.yaml")
     bad = copy.deepcopy(cfg)
     bad["extensions"]["report"] = ["profile"]
     del bad["extensions"]["profile"]
     with pytest.raises(ConfigError, match=r"'extensions.report' names 'profile'.*not declared"):
-        extensions.check(bad, prereg, "cfg.yaml")
+        phase_decl.check(bad, prereg, "cfg.yaml")
     bad = copy.deepcopy(cfg)
     del bad["extensions"]["memory"]
     with pytest.raises(ConfigError, match=r"field 'extensions.memory' is missing.*snakemake memory"):
         plan.make_plan(bad, "memory", ARMS, prereg)
     with pytest.raises(ConfigError, match="needs the confirmation plan"):
-        extensions.arm_names(cfg, None)
-    assert extensions.arm_names(dict(cfg, extensions={"arms": ["ngram-k4"]})) == ["baseline", "ngram-k4"]
+        phase_decl.arm_names(cfg, None)
+    assert phase_decl.arm_names(dict(cfg, extensions={"arms": ["ngram-k4"]})) == ["baseline", "ngram-k4"]
 
 
 # ---------------------------------------------------------------------------------------------- the DAG
@@ -182,7 +182,7 @@ def test_each_phase_is_an_opt_in_target_planned_from_the_confirmation_arms(workd
     # its judges are its own output; its inputs wait for the confirmation's checkpoints here (the greedy
     # figures it shows beside the sampled ones come from the finished confirmation)
     assert "results/sampling/gates" in summary_job and "input: <TBD>" in summary_job
-    for target, deploy in (("mechanics", "deploy_ignore_eos"), ("memory", "deploy_memory"), ("profile", "deploy_profile")):
+    for target, deploy in (("ignore_eos", "deploy_ignore_eos"), ("memory", "deploy_memory"), ("profile", "deploy_profile")):
         counts = job_counts(sm(workdir, "-n", target).stdout)
         assert counts[deploy] == len(names), (target, counts)
     # one deployment of a phase is re-run by asking for its record
@@ -204,10 +204,10 @@ def test_a_study_without_the_phase_says_how_to_declare_it(workdir):
 
 
 def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path, cfg, prereg):
-    """extension_cli reads what ran from the plan and the records: a missing record, a failed deployment and
+    """The phase summary reads what ran from the plan and the records: a missing record, a failed deployment and
     an ok one whose artifact is gone are each listed with why, never dropped silently."""
     from specstudy.core import atomic
-    from specstudy.phases import extension_cli
+    from specstudy.phases import summary as phase_summary
 
     p = plan.make_plan(cfg, "profile", ARMS, prereg)
     atomic.write_json(tmp_path / "plan" / "profile.json", p)
@@ -220,13 +220,13 @@ def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path
 
     record("baseline", "ok", {"profile": str(tmp_path / "gone.json")})
     record("draft-k2-tp1", "failed", None, {"stage": "readiness", "reason": "exited", "message": "boom"})
-    files = extension_cli.planned_files(tmp_path / "plan" / "profile.json", tmp_path)
-    failed = {f["arm"]: f["reason"] for f in extension_cli.failed_deployments(files, "profile")}
+    files = phase_summary.planned_files(tmp_path / "plan" / "profile.json", tmp_path)
+    failed = {f["arm"]: f["reason"] for f in phase_summary.failed_deployments(files, "profile")}
     assert failed == {"baseline": "the deployment record names no profile (or the file is gone)",
                       "draft-k2-tp1": "deployment failed at readiness: exited",
                       "ngram-k4": f"no deployment record ({tmp_path}/profile/ngram-k4/rep1/deployment.json)"}
     with pytest.raises(Exception, match="a plan of phase 'profile', not 'memory'"):
-        extension_cli.summarize("memory", tmp_path / "plan" / "profile.json", cfg, prereg, tmp_path, tmp_path / "out")
+        phase_summary.summarize("memory", tmp_path / "plan" / "profile.json", cfg, prereg, tmp_path, tmp_path / "out")
 
 
 def test_a_phase_section_joins_the_report_under_extensions(tmp_path):
@@ -247,3 +247,52 @@ def test_a_phase_section_joins_the_report_under_extensions(tmp_path):
     empty: list = []
     report._extension_sections(empty, [])
     assert empty == []  # no phase listed: the report is unchanged
+
+
+# ---------------------------------------------------------------------------------------------- the registry
+def test_every_phase_is_declared_once_and_registers_its_behaviour_once():
+    """One list of phase names: the declarations; each has its behaviour, and the schemas name the same phases."""
+    import json as _json
+
+    from specstudy.phases import cli as phase_cli
+    from specstudy.phases import registry
+
+    assert registry.names() == phase_decl.PHASES == plan.PHASES
+    assert phase_decl.CORE_PHASES == ("screen", "confirm")
+    for name in phase_decl.EXTENSION_PHASES:
+        behaviour = registry.get(name)
+        assert behaviour.name == name and type(behaviour) is not registry.Phase, name  # its own module registered it
+        assert type(behaviour).summarize is not registry.Phase.summarize, name
+    assert type(registry.get("capacity")) is registry.Phase  # a deployment of no declared phase: nothing extra
+    plan_schema = _json.loads((ROOT / "config/schemas/plan.schema.json").read_text())
+    assert tuple(plan_schema["properties"]["phase"]["enum"]) == phase_decl.PHASES
+    kinds = set(plan_schema["properties"]["deployments"]["items"]["properties"]["kind"]["enum"])
+    assert {d.kind for d in phase_decl.DECLS.values()} <= kinds
+    cfg_schema = _json.loads((ROOT / "config/schemas/config.schema.json").read_text())
+    report = cfg_schema["properties"]["extensions"]["properties"]["report"]["items"]["enum"]
+    assert tuple(report) == phase_decl.EXTENSION_PHASES
+    # `specstudy phase summary <phase>` offers exactly the opt-in phases
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    phase_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["phase", "summary", "memory", "--plan", "p", "--config", "c", "--out", "o"])
+    assert args.phase == "memory"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["phase", "summary", "screen", "--plan", "p", "--config", "c", "--out", "o"])
+
+
+def test_the_memory_summary_joins_the_knees_only_when_declared(tmp_path, cfg, prereg):
+    """`extensions.memory.join_capacity` is read by the one summary step (it was ignored by a second CLI)."""
+    from specstudy.core import atomic
+    from specstudy.phases.summary import PhaseRun
+
+    atomic.write_json(tmp_path / "capacity" / "baseline" / "knee.json", {})
+    on = dict(cfg, capacity=dict(cfg.get("capacity") or {}, enabled=True))
+    run = PhaseRun(phase="memory", files={"deployments": []}, cells=[], cfg=on, prereg=prereg, prereg_file=None,
+                   results=tmp_path, out=tmp_path / "memory")
+    assert run.knee("baseline") == str(tmp_path / "capacity" / "baseline" / "knee.json")
+    assert run.knee("ngram-k4") is None  # no search for this arm
+    off = dict(on, extensions=dict(on["extensions"], memory=dict(on["extensions"]["memory"], join_capacity=False)))
+    assert PhaseRun(**dict(vars(run), cfg=off)).knee("baseline") is None
+    assert phase_decl.DECLS["memory"].joins(off) == () and phase_decl.DECLS["sampling"].joins(off) == ("natural",)

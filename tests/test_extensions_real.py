@@ -19,8 +19,7 @@ from specstudy.core import atomic, records, schemas  # noqa: E402
 from specstudy.core.records import read_deployment  # noqa: E402
 from specstudy.inputs import corpus  # noqa: E402
 from specstudy.job.run import run_deployment  # noqa: E402
-from specstudy.phases import ignore_eos  # noqa: E402
-from specstudy.study import extensions  # noqa: E402
+from specstudy.phases import ignore_eos, registry  # noqa: E402
 from test_deployment_run import _spec, _vllm_servers  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def test_a_sampling_deployment_captures_per_seed_and_measures_at_temperature(tmp
                                                                               vllm_available, monkeypatch):
     """The sampling phase's deployment: smoke captures, the sampled capture (every prompt x every seed),
     then a cell at temperature 0.8 whose every request carries its own seed; then an ignore_eos cell
-    of the mechanics phase on the same kind of spec gives every request exactly the fixed length."""
+    of the ignore_eos phase on the same kind of spec gives every request exactly the fixed length."""
     monkeypatch.chdir(tmp_path)
     arm = {"name": "ngram-k2", "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
            "prompt_lookup_max": 4}
@@ -48,7 +47,7 @@ def test_a_sampling_deployment_captures_per_seed_and_measures_at_temperature(tmp
     spec["cell_settings"].update(temperature=0.8, top_p=1.0, seed_policy="per_request", seed=1000, requests=4)
     design = {"capture": {"workload": "code", "prompts": 3, "concurrency": 2, "seeds": [1000, 1001],
                           "temperature": 0.8, "top_p": 1.0}}
-    spec.update(extensions.deployment_extras(design, {"code": built["code"]}))
+    spec.update(registry.get("sampling").spec_extras(design, {"code": built["code"]}))
     out = tmp_path / "results" / "sampling" / "ngram-k2" / "rep1"
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
     assert _vllm_servers(tmp_path) == []
@@ -112,7 +111,7 @@ def test_a_memory_deployment_sweeps_its_own_kv_pool(tmp_path, fixture_models, bu
     server["extra_args"] = server["extra_args"] + ["--kv-cache-memory-bytes", str(16 << 20)]
     server["env"] = {k: v for k, v in server["env"].items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     design = {"sweep": {"workload": "code", "context_tokens": [768], "output_tokens": 128, "concurrency": [1, 2, 8]}}
-    spec.update(extensions.deployment_extras(design, {"code": built["code"]}))
+    spec.update(registry.get("memory").spec_extras(design, {"code": built["code"]}))
     out = tmp_path / "results" / "memory" / "baseline" / "rep1"
     assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
     rec = read_deployment(out / "deployment.json")

@@ -1,4 +1,4 @@
-"""The ignore_eos mechanics phase's analysis (specstudy.phases.ignore_eos): fixed lengths beside natural EOS.
+"""The ignore_eos (fixed-length) phase's analysis (specstudy.phases.ignore_eos): fixed lengths beside natural EOS.
 
 The cell summaries are built here in the shape ``cell.summarize`` writes (copied, trimmed, from a real
 confirmation summary of the embedded study: baseline rep1 code c1 and draft-k2-tp1 rep1 code c1) and
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import cli
 from specstudy.core import schemas
 from specstudy.core.errors import UserError
 from specstudy.inference import decision
@@ -245,25 +244,19 @@ def _labelled_tables(section: str) -> tuple[int, int]:
     return len(tables), len(labelled)
 
 
-def test_cli_end_to_end(tmp_path, capsys):
+def test_summary_end_to_end(tmp_path):
+    """The phase's summary from the cell files (``specstudy phase summary ignore_eos`` hands it the plan's cells)
+    with the embedded pre-registration's rule."""
     import pandas as pd
+    import yaml
 
     res_root = tmp_path / "results"
     fp, np_ = tree(res_root, {1: (100.0, 131.0), 2: (104.0, 133.0), 3: (98.0, 129.5)},
                    {1: (100.0, 90.0), 2: (102.0, 91.0), 3: (99.0, 88.0)},
                    extra=[cell("confirm", "baseline", 1, 95.0, kind="drift")])
-    # raw attempt copies and a rounds checkpoint beside the declared summaries are never read as cells
-    attempt = res_root / "ignore_eos/ngram-k4/rep1/attempts/ignore_eos-ngram-k4-rep1-x/code/c1/summary.json"
-    attempt.parent.mkdir(parents=True)
-    attempt.write_text(json.dumps(cell("ignore_eos", "ngram-k4", 1, 9999.0)))
-    (res_root / "confirm/rounds").mkdir()
-    (res_root / "confirm/rounds/round3.json").write_text("{}")
     out = res_root / "ignore_eos"
-    rc = cli.main(["ignore-eos", "summary", "--cells-root", str(res_root / "ignore_eos"), "--natural-root",
-                   str(res_root / "confirm"), "--prereg", str(ROOT / "config/preregistration.yaml"),
-                   "--output-tokens", str(N), "--out", str(out)])
-    assert rc == 0, capsys.readouterr()
-    assert "1 disagreements" in capsys.readouterr().out
+    prereg = yaml.safe_load((ROOT / "config/preregistration.yaml").read_text())
+    ie.summarize(fp, np_, output_tokens=N, decision=prereg["confirmation"]["decision"], out_dir=out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema"] == ie.SCHEMA and summary["output_tokens"] == N
     # the embedded pre-registration's margins (issue 28's rule: gain > 0, 5 % regression), judged at one look
@@ -286,11 +279,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert df[df.source == "natural_eos"].fixed_length_honoured.isna().all()
 
 
-def _cli(tmp_path, *args):
-    return cli.main(["ignore-eos", "summary", *args])
-
-
-def test_bad_input_is_named(tmp_path, capsys):
+def test_bad_input_is_named(tmp_path):
     fp, np_ = tree(tmp_path, {1: (100.0, 120.0)}, {1: (100.0, 110.0)})
     kw = {"output_tokens": N, "decision": DECISION, "out_dir": tmp_path / "out"}
     with pytest.raises(UserError, match=r"summary\.json: field '\$\.keys\.phase' is 'ignore_eos', expected 'confirm'"):
@@ -317,21 +306,6 @@ def test_bad_input_is_named(tmp_path, capsys):
     with pytest.raises(UserError, match=str(fp[0])):
         ie.summarize(fp, np_, **kw)
     assert not (tmp_path / "out").exists()  # nothing written on bad input
-    # CLI: an empty root and a missing pre-registration, one line each, exit 2
-    (tmp_path / "empty").mkdir()
-    rc = _cli(tmp_path, "--cells-root", str(tmp_path / "empty"), "--natural-root", str(tmp_path / "confirm"),
-              "--prereg", str(ROOT / "config/preregistration.yaml"), "--output-tokens", "48", "--out", str(tmp_path))
-    err = capsys.readouterr().err
-    assert rc == 2 and "empty: no cell summaries" in err and "--cells-root" in err
-    fp[0].write_text(json.dumps(cell("ignore_eos", "baseline", 1, 100.0)))
-    rc = _cli(tmp_path, "--cells-root", str(tmp_path / "ignore_eos"), "--natural-root", str(tmp_path / "confirm"),
-              "--prereg", str(tmp_path / "nope.yaml"), "--output-tokens", "48", "--out", str(tmp_path / "o"))
-    err = capsys.readouterr().err
-    assert rc == 2 and "nope.yaml: file not found" in err
-    bad_prereg = tmp_path / "prereg.yaml"
-    text = (ROOT / "config/preregistration.yaml").read_text().replace("max_regression: 0.05", "max_regression: 1.5")
-    bad_prereg.write_text(text)
-    rc = _cli(tmp_path, "--cells-root", str(tmp_path / "ignore_eos"), "--natural-root", str(tmp_path / "confirm"),
-              "--prereg", str(bad_prereg), "--output-tokens", "48", "--out", str(tmp_path / "o"))
-    err = capsys.readouterr().err
-    assert rc == 2 and "confirmation.decision.max_regression" in err
+    # a rule outside its bounds names its field
+    with pytest.raises(UserError, match=r"'max_regression' \(1\.5\) must be"):
+        ie.summarize(fp, np_, **dict(kw, decision=dict(DECISION, max_regression=1.5)))

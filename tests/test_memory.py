@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import cli
 from specstudy.core import atomic, schemas
 from specstudy.core.errors import UserError
 from specstudy.phases import memory
@@ -281,12 +280,6 @@ def test_summarize_joins_knees_and_writes_the_section(tmp_path):
     assert "| draft-k2-tp1 | none (c=4: preempted) | not measured |" in md
     assert "draft-k2-tp1 (500 blocks)" in md
 
-    # The CLI: knees found under --knees-root (an arm without knee.json gets none).
-    out2 = tmp_path / "cli"
-    rc = cli.main(["memory", "summary", "--records", *map(str, paths), "--knees-root", str(knee_root), "--out", str(out2)])
-    assert rc == 0
-    assert atomic.read_json(out2 / "summary.json")["arms"] == json.loads(json.dumps(s["arms"]))
-    assert (out2 / "section.md").read_text() == md
 
 
 def test_summarize_bad_records(tmp_path, capsys):
@@ -302,5 +295,5 @@ def test_summarize_bad_records(tmp_path, capsys):
     bad = dict(rec)
     del bad["results"]
     atomic.write_json(p, bad)
-    assert cli.main(["memory", "summary", "--records", str(p), "--knees-root", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "results" in capsys.readouterr().err
+    with pytest.raises(Exception, match="results"):
+        memory.summarize([p], {}, tmp_path / "o")

@@ -176,9 +176,9 @@ def test_real_draft_model_profile(fixture_models, vllm_available, tmp_path):
     assert eng["with_stack"] == 1 and eng["vllm_version"] == "0.32.0"
     # the CLI: one record per arm, then the phase's summary and report section
     rec = tmp_path / "profile" / "draft-k2-tp1" / "profile.json"
-    assert cli_main(["profile", "summarize", "--traces", str(cell["traces"]), "--out", str(rec)]) == 0
+    assert cli_main(["phase", "profile", "summarize-traces", "--traces", str(cell["traces"]), "--out", str(rec)]) == 0
     assert atomic.read_json(rec)["total"] == t
-    assert cli_main(["profile", "summary", "--records", str(rec), "--out", str(tmp_path / "profile")]) == 0
+    profiling.summary([rec], tmp_path / "profile")  # the phase's summary, from the arms' records
     md = (tmp_path / "profile" / "section.md").read_text()
     assert "## Kernel profile" in md and "### draft-k2-tp1" in md and "not performance results" in md
     assert eng["file"] in md

@@ -2,7 +2,7 @@
 
 One real server (the fixture target, baseline arm) serves every real-server assertion of this file.
 The summary's unit tests use cell summaries built from ``cell.failed_summary`` (the writer's own shape,
-checked against the ``cell-summary`` schema) and gate records from ``sampling.judge``.
+checked against the ``cell-summary`` schema) and gate records from ``sampling_judge.judge``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from specstudy import cli
 from specstudy.core import atomic, records, schemas
 from specstudy.inputs import corpus
 from specstudy.measure import cell, loadgen
-from specstudy.phases import sampling, sampling_phase
-from specstudy.phases.sampling import SamplingInputError
+from specstudy.phases import sampling, sampling_capture, sampling_judge
+from specstudy.study.prereg import SamplingInputError
 from test_sampling import baselines, capture, settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_real_sampled_captures_seeds_token_ids_and_judge(server, smoke_prompts, 
     common = dict(temperature=TEMP, top_p=1.0, concurrency=2, corpus=meta, arm="baseline")
 
     def take(name: str, seeds, dep: str) -> dict:
-        return sampling.capture_sampled(server.base_url, "tiny", prompts, tmp_path / f"{name}.json", seeds=seeds,
+        return sampling_capture.capture_sampled(server.base_url, "tiny", prompts, tmp_path / f"{name}.json", seeds=seeds,
                                         deployment_id=dep, **common)
 
     a = take("a", SEEDS, "dep-a")
@@ -110,7 +110,7 @@ def test_real_sampled_captures_seeds_token_ids_and_judge(server, smoke_prompts, 
     # schema-valid on disk, every (prompt, seed) present with what was declared and a usage record
     tok = AutoTokenizer.from_pretrained(fixture_models["target"])
     for name, cap, seeds in (("a", a, SEEDS), ("b", b, SEEDS), ("other", other, [2000, 2001])):
-        loaded = sampling.load_sampled_capture(tmp_path / f"{name}.json")
+        loaded = sampling_capture.load_sampled_capture(tmp_path / f"{name}.json")
         assert loaded == cap
         assert cap["sampling"] == {"temperature": TEMP, "top_p": 1.0, "seed_policy": "same_per_request_across_arms",
                                    "seeds": seeds}
@@ -145,7 +145,7 @@ def test_real_sampled_captures_seeds_token_ids_and_judge(server, smoke_prompts, 
     atomic.write_json(tmp_path / "cand.json", cand)
     prereg = prereg_file(tmp_path, seeds={"policy": "same_per_request_across_arms", "base": 1000, "per_prompt": 2},
                          min_prompts=3)
-    rc, out, err = run_cli(["sampling", "judge", "--baseline", str(tmp_path / "a.json"), "--candidate",
+    rc, out, err = run_cli(["phase", "sampling", "judge", "--baseline", str(tmp_path / "a.json"), "--candidate",
                             str(tmp_path / "cand.json"), "--control", str(tmp_path / "a.json"),
                             str(tmp_path / "b.json"), "--prereg", str(prereg), "--arm", "ngram-k3", "--out",
                             str(tmp_path / "gate.json")], capsys)
@@ -159,7 +159,7 @@ def test_real_sampled_captures_seeds_token_ids_and_judge(server, smoke_prompts, 
     assert tvd["treatment"]["mean"] == 0.0 and tvd["control"]["mean"] > 0.0
 
     # the default control is the baseline captures; the other-seed capture is refused as a parameters mismatch
-    rc, out, err = run_cli(["sampling", "judge", "--baseline", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+    rc, out, err = run_cli(["phase", "sampling", "judge", "--baseline", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                             "--candidate", str(tmp_path / "other.json"), "--prereg", str(prereg), "--arm", "x",
                             "--out", str(tmp_path / "gate2.json")], capsys)
     assert rc == 0, err
@@ -177,24 +177,24 @@ def test_capture_sampled_refuses_bad_arguments(tmp_path):
                          ({"seeds": [1, 1]}, "distinct integers"), ({"seeds": []}, "distinct integers"),
                          ({"concurrency": 0}, "concurrency 0")):
         with pytest.raises(SamplingInputError, match=needle):
-            sampling.capture_sampled("http://127.0.0.1:9", "m", p, tmp_path / "x.json", **{**kw, **over})
+            sampling_capture.capture_sampled("http://127.0.0.1:9", "m", p, tmp_path / "x.json", **{**kw, **over})
     with pytest.raises(SamplingInputError, match="lacks field 'max_tokens'"):
-        sampling.capture_sampled("http://127.0.0.1:9", "m", [{"prompt_id": "p", "messages": []}], tmp_path / "x.json",
+        sampling_capture.capture_sampled("http://127.0.0.1:9", "m", [{"prompt_id": "p", "messages": []}], tmp_path / "x.json",
                                  **kw)
     with pytest.raises(SamplingInputError, match="appears twice"):
-        sampling.capture_sampled("http://127.0.0.1:9", "m", p + p, tmp_path / "x.json", **kw)
+        sampling_capture.capture_sampled("http://127.0.0.1:9", "m", p + p, tmp_path / "x.json", **kw)
     assert not (tmp_path / "x.json").exists()
 
 
 def test_capture_against_no_server_records_failed_rows(tmp_path):
     """Connection errors are data: every row is present, unsuccessful, with the error; the capture is valid."""
     p = [{"prompt_id": "p", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}]
-    rec = sampling.capture_sampled("http://127.0.0.1:9", "m", p, tmp_path / "x.json", seeds=[7, 8], temperature=0.8,
+    rec = sampling_capture.capture_sampled("http://127.0.0.1:9", "m", p, tmp_path / "x.json", seeds=[7, 8], temperature=0.8,
                                    top_p=0.9, concurrency=2, deployment_id="d", arm="baseline",
                                    corpus={"name": "c", "version": "1", "digest": None}, request_timeout_s=5)
     assert [(r["seed"], r["success"], r["top_p"]) for r in rec["prompts"]] == [(7, False, 0.9), (8, False, 0.9)]
     assert all(r["error"] and r["output_text"] is None and r["completion_token_ids"] is None for r in rec["prompts"])
-    sampling.load_sampled_capture(tmp_path / "x.json")
+    sampling_capture.load_sampled_capture(tmp_path / "x.json")
 
 
 # --------------------------------------------------------------------------- CLI: bad input
@@ -207,7 +207,7 @@ def test_judge_cli_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys)
         paths.append(tmp_path / f"{c['deployment_id']}.json")
         atomic.write_json(paths[-1], c)
     good = prereg_file(tmp_path)
-    base = ["sampling", "judge", "--baseline", str(paths[0]), str(paths[1]), "--candidate", str(paths[2]),
+    base = ["phase", "sampling", "judge", "--baseline", str(paths[0]), str(paths[1]), "--candidate", str(paths[2]),
             "--arm", "ngram-k3", "--out", str(tmp_path / "g.json")]
 
     rc, out, err = run_cli([*base, "--prereg", str(good)], capsys)
@@ -228,10 +228,10 @@ def test_judge_cli_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys)
 
     greedy = tmp_path / "greedy.json"
     atomic.write_json(greedy, {"schema": "specstudy.capture/1", "prompts": []})
-    rc, out, err = run_cli(["sampling", "judge", "--baseline", str(greedy), "--candidate", str(paths[2]), "--prereg",
+    rc, out, err = run_cli(["phase", "sampling", "judge", "--baseline", str(greedy), "--candidate", str(paths[2]), "--prereg",
                             str(good), "--arm", "a", "--out", str(tmp_path / "g2.json")], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and str(greedy) in err and "field 'schema'" in err
-    rc, out, err = run_cli([*base[:3], str(tmp_path / "missing.json"), *base[5:], "--prereg", str(good)], capsys)
+    rc, out, err = run_cli([*base[:4], str(tmp_path / "missing.json"), *base[6:], "--prereg", str(good)], capsys)
     assert rc == 2 and "missing.json: file not found" in err
     assert not (tmp_path / "g2.json").exists()
 
@@ -259,7 +259,7 @@ def cell_summary(tmp: Path, phase: str, arm: str, rep: int, workload: str, c: in
 
 
 def sampling_gate(tmp: Path, arm: str, cand_kw: dict) -> Path:
-    rec = sampling.judge(baselines(2), [capture("cand", arm, **cand_kw)], baselines(2), settings(), arm=arm,
+    rec = sampling_judge.judge(baselines(2), [capture("cand", arm, **cand_kw)], baselines(2), settings(), arm=arm,
                          phase="sampling")
     path = tmp / "gates" / f"{arm}.json"
     atomic.write_json(path, rec)
@@ -287,7 +287,7 @@ def test_summarize_verdicts_medians_ratios_and_exclusions(tmp_path):
         cell_summary(t, "confirm", "ngram-k3", 1, "code", 4, tpot=4.0, tps=230.0),  # not in the sampling phase
     ]
     gates = [sampling_gate(t, "ngram-k3", {}), sampling_gate(t, "draft-k3-tp1", {"length_factor": 1.5})]
-    s = sampling_phase.summarize(gates, cells, greedy, t / "out")
+    s = sampling.summarize(gates, cells, greedy, t / "out")
     assert atomic.read_json(t / "out" / "summary.json") == json.loads(json.dumps(s))
     schemas.validate(atomic.read_json(t / "out" / "summary.json"), "sampling-summary", "summary.json")
     assert s["temperature"] == 0.8 and s["phase"] == "sampling"
@@ -335,19 +335,19 @@ def test_summarize_refuses_wrong_phases_and_duplicate_arms(tmp_path, capsys):
     conf = cell_summary(t, "confirm", "baseline", 1, "chat", 1, tpot=1.0, tps=1.0)
     samp = cell_summary(t, "sampling", "baseline", 1, "chat", 1, tpot=1.0, tps=1.0)
     with pytest.raises(SamplingInputError, match=r"field 'keys.phase' is 'confirm'"):
-        sampling_phase.summarize([], [conf], [], t / "o")
+        sampling.summarize([], [conf], [], t / "o")
     with pytest.raises(SamplingInputError, match=r"field 'keys.phase' is 'sampling'"):
-        sampling_phase.summarize([], [samp], [samp], t / "o")
+        sampling.summarize([], [samp], [samp], t / "o")
     g = sampling_gate(t, "ngram-k3", {})
     with pytest.raises(SamplingInputError, match="already judged"):
-        sampling_phase.summarize([g, g], [samp], [], t / "o")
-    rc, out, err = run_cli(["sampling", "summary", "--cells", str(conf), "--out", str(t / "o")], capsys)
-    assert rc == 2 and str(conf) in err and "keys.phase" in err and len(err.strip().splitlines()) == 1
+        sampling.summarize([g, g], [samp], [], t / "o")
+    with pytest.raises(SamplingInputError, match=r"keys\.phase") as exc:
+        sampling.summarize([], [conf], [], t / "o")
+    assert str(conf) in str(exc.value) and len(str(exc.value).strip().splitlines()) == 1
     assert not (t / "o").exists()
 
-    # the CLI writes both files; no gates and an empty greedy side are shown as such, not hidden
-    rc, out, err = run_cli(["sampling", "summary", "--cells", str(samp), "--out", str(t / "o")], capsys)
-    assert rc == 0, err
+    # both files are written; no gates and an empty greedy side are shown as such, not hidden
+    sampling.summarize([], [samp], [], t / "o")
     md = (t / "o" / "section.md").read_text()
     assert md.startswith("## Sampling (temperature > 0)") and "no arm has a sampling verdict" in md
     assert atomic.read_json(t / "o" / "summary.json")["performance"][0]["greedy"]["n_deployments"] == 0

@@ -22,11 +22,9 @@ COMMAND_MODULES = [
     "job.engine_probe",
     "measure.telemetry",
     "analysis.gate",
-    "phases.sampling_phase",
     "analysis.select",
     "analysis.checkpoint",
     "measure.capacity",
-    "phases.memory",
     "analysis.upstream",
     "analysis.tables",
     "report.document",
@@ -34,12 +32,10 @@ COMMAND_MODULES = [
     "inputs.scale_model",
     "inputs.rebuilt",
     "mechanics.point",
-    "phases.ignore_eos",
-    "phases.profile",
     "study.rerun",
     "analysis.check_results",
     "study.checkconfig",
-    "phases.extension_cli",
+    "phases.cli",
 ]
 
 

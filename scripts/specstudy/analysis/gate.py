@@ -25,12 +25,19 @@ import math
 import os
 import statistics
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic, schemas
 from specstudy.core.arms import arm_from_upstream_model
+from specstudy.core.capture_file import (
+    capture_data,
+    capture_record,
+    captured_at,
+    is_deployment_record,
+    output_fields,
+    read_capture_json,
+)
 
 CAPTURE_SCHEMA = "specstudy.capture/1"
 COMPARISON_SCHEMA = "specstudy.comparison/1"
@@ -73,17 +80,6 @@ class GateInputError(ValueError):
 
 
 # --------------------------------------------------------------------------- capture
-
-
-# The capture files' helpers, shared with the sampled captures (specstudy.phases.sampling).
-def captured_at() -> str:
-    """A capture's ``started_at`` / ``ended_at``: UTC, to the second."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def text_sha256(text: str | None) -> str | None:
-    """A captured output's ``output_sha256`` (None for no output)."""
-    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def capture_greedy(
@@ -149,20 +145,11 @@ def capture_greedy(
             "success": success,
             "error": None if success else str(r.get("error") or f"unsuccessful (status {r.get('status_code')})"),
             "max_tokens": spec.max_tokens,
-            "output_sha256": text_sha256(text),
-            "output_chars": None if text is None else len(text),
+            **output_fields(text),
         })
-    record = {
-        "schema": CAPTURE_SCHEMA,
-        "deployment_id": deployment_id,
-        "arm": arm,
-        "capture_index": int(capture_index),
-        "model": model,
-        "corpus": {"name": corpus.get("name"), "version": corpus.get("version"), "digest": corpus.get("digest")},
-        "sampling": {"temperature": 0.0, "seed": seed, "max_tokens": max(s.max_tokens for s in specs)},
-        "times": {"started_at": started, "ended_at": ended},
-        "prompts": out_rows,
-    }
+    record = capture_record(CAPTURE_SCHEMA, deployment_id=deployment_id, arm=arm, capture_index=capture_index,
+                            model=model, corpus=corpus, started=started, ended=ended, prompts=out_rows,
+                            sampling={"temperature": 0.0, "seed": seed, "max_tokens": max(s.max_tokens for s in specs)})
     schemas.validate(record, "greedy-capture", out_path)
     atomic.write_json(out_path, record)
     return record
@@ -205,8 +192,7 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
             "success": success,
             "error": m.get("error") if not success else None,
             "max_tokens": max_tokens.get(pid),
-            "output_sha256": m.get("output_sha256") or text_sha256(text),
-            "output_chars": None if text is None else len(text),
+            **output_fields(text, m.get("output_sha256")),
         })
     sampling = data.get("sampling") or {}
     mt = [v for v in max_tokens.values() if v is not None]
@@ -225,35 +211,9 @@ def from_upstream_capture(data: dict, path: str | os.PathLike = "<upstream>", *,
     }
 
 
-def read_capture_json(path: str | os.PathLike, error: type[Exception] | None = None) -> Any:
-    """A capture or record file's JSON; a missing or broken file raises ``error`` (default GateInputError)
-    naming the path."""
-    error = error or GateInputError
-    try:
-        return atomic.read_json(path)
-    except FileNotFoundError:
-        raise error(f"{path}: file not found") from None
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not valid JSON ({exc})") from None
-
-
-def _is_deployment(data: Any) -> bool:
-    if not isinstance(data, dict):
-        return False
-    schema = data.get("schema")
-    if isinstance(schema, str) and schema.startswith("specstudy.deployment/"):
-        return True
-    return "status" in data and "deployment_id" in data and "prompts" not in data
-
-
 def load_capture(path_or_record: str | os.PathLike | dict, *, source: str | None = None) -> dict:
     """Load and validate a capture; upstream captures are converted (see :func:`from_upstream_capture`)."""
-    if isinstance(path_or_record, dict):
-        data, src = path_or_record, source or "<capture>"
-    else:
-        data, src = read_capture_json(path_or_record), str(path_or_record)
-    if not isinstance(data, dict):
-        raise GateInputError(f"{src}: top level must be a JSON object (a greedy capture)")
+    data, src = capture_data(path_or_record, GateInputError, "greedy capture", source or "<capture>")
     if data.get("schema") != CAPTURE_SCHEMA and "cases" in data and "schema_version" in data:
         data = from_upstream_capture(data, src)
     elif data.get("schema") != CAPTURE_SCHEMA:
@@ -482,13 +442,13 @@ def _expand(items, role: str) -> tuple[list[tuple[dict, str]], list[dict]]:
             data, label, path = item, f"<{role}:{item.get('deployment_id', '?')}>", None
         else:
             path = Path(item)
-            data, label = read_capture_json(path), str(path)
+            data, label = read_capture_json(path, GateInputError), str(path)
         if not isinstance(data, dict):
             raise GateInputError(f"{label}: top level must be a JSON object (capture or deployment.json)")
         if data.get("schema") == CAPTURE_SCHEMA or "cases" in data:
             captures.append((load_capture(data, source=label), label))
             continue
-        if _is_deployment(data):
+        if is_deployment_record(data):
             status = data.get("status")
             if status != "ok":
                 failure = data.get("failure") or {}
@@ -830,7 +790,7 @@ def _cmd_judge(args) -> int:
 def _cmd_capture(args) -> int:
     try:
         prompts = atomic.read_jsonl(args.prompts)
-        corpus = read_capture_json(args.corpus) if args.corpus else {"name": Path(args.prompts).parent.parent.name,
+        corpus = read_capture_json(args.corpus, GateInputError) if args.corpus else {"name": Path(args.prompts).parent.parent.name,
                                                              "version": Path(args.prompts).parent.name, "digest": None}
         if args.limit:
             prompts = prompts[: args.limit]

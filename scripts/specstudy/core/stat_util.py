@@ -48,10 +48,13 @@ def percentile(values: Iterable[float | None], q: float, method: str = "linear")
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
-def median(values: Iterable[float | None]) -> float | None:
-    """The median of the values that are numbers (``None`` and NaN dropped); no values give ``None``."""
+def median(values: Iterable[float | None], *, finite: bool = False) -> float | None:
+    """The median of the values that are numbers (``None`` and NaN dropped; with ``finite``, also infinities
+    and anything that is not a number); no values give ``None``."""
     import statistics
 
+    if finite:
+        values = (finite_or_none(v) for v in values)
     xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return float(statistics.median(xs)) if xs else None
 

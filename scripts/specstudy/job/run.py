@@ -13,6 +13,7 @@ Contract (docs/DESIGN.md, "Deployment job shape"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -21,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic
+from specstudy.core.capture_file import corpus_ref
 from specstudy.core.records import Plan, read_plan
 from specstudy.deployment import DeploymentError, launch, launchlog, provenance, readiness, records, utcnow
 from specstudy.job.spec import deployment_spec, engine_flat, fingerprint, fingerprint_context, load_settings
 from specstudy.measure import prom, telemetry
+from specstudy.phases import registry
+from specstudy.phases.registry import Phase
 from specstudy.study.plan import request_counts
 
 
@@ -32,7 +36,7 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, 
                    seed_offset: int = 0, spec: dict | None = None):
     """``n`` requests of ``workload`` cycling through its prompts. Each carries the workload's request
     options from ``spec`` (its chat-template kwargs: template_args.request_extra_body). ``settings`` (the
-    cell settings) may fix the output length (``ignore_eos`` with ``output_tokens``: the mechanics phase)
+    cell settings) may fix the output length (``ignore_eos`` with ``output_tokens``: the ignore_eos phase)
     and give every request its own seed (``seed_policy: per_request``: request i carries
     ``seed + seed_offset + i``, the same in every arm) and ``top_p`` (the sampling phase)."""
     from specstudy.measure.loadgen import RequestSpec
@@ -111,10 +115,6 @@ def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
     return keys
 
 
-def _corpus_ref(corpus_json: dict) -> dict:
-    return {"name": corpus_json.get("name"), "version": str(corpus_json.get("version")), "digest": corpus_json.get("digest")}
-
-
 def _rep_number(rep: str) -> int:
     digits = "".join(ch for ch in str(rep) if ch.isdigit())
     return int(digits or 0)
@@ -151,7 +151,7 @@ class _Job:
     exit_code: int | None = None  # the server's exit code (DeploymentError), for the failure record
     cancelled_code: int | None = None  # 128+signal once SIGTERM/SIGINT cancelled the job
     captures: list[str] = field(default_factory=list)
-    extension: dict = field(default_factory=dict)  # an extension phase's artifacts (specstudy.study.extensions)
+    extension: dict = field(default_factory=dict)  # an extension phase's artifacts (specstudy.phases.registry)
     cache_config: dict | None = None
     stop_info: dict | None = None
     # filled after the stop
@@ -162,6 +162,11 @@ class _Job:
     @property
     def arm(self) -> dict:
         return self.spec["arm"]
+
+    @property
+    def phase(self) -> Phase:
+        """The phase's registered behaviour (its steps besides the cells; the plain one for core phases)."""
+        return registry.get(self.spec["phase"])
 
     @property
     def settings(self) -> dict:
@@ -208,13 +213,13 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
         return 2
     job = _open_job(spec, out, results_root, lock_path)
     _prepare_cells(job, plan, plan_path)
-    if not job.to_measure and spec["kind"] not in ("capacity", "memory"):
+    if not job.to_measure and spec["kind"] != "capacity" and not job.phase.serves_without_cells:
         return _publish_without_server(job)
     with readiness.stop_on_signals(lambda: job.server, grace_s=job.grace_s):
         try:
             if _launch_and_wait_ready(job):
                 _smoke_captures(job)
-                _sampled_capture(job)
+                job.phase.after_smoke(job)
                 _measure(job)
         except readiness.TerminatedBySignal as exc:
             job.cancelled_code = 128 + exc.signum
@@ -253,7 +258,7 @@ def _open_job(spec: dict, out: str | os.PathLike, results_root: str | os.PathLik
     job = _Job(spec=spec, out=out, results_root=Path(results_root), deployment_id=deployment_id, attempt=attempt,
                eng=engine_flat(spec["engine"]), lock=atomic.read_json(lock_path) if lock_path else {},
                smoke_prompts=corpusmod.load_prompts(spec["smoke_corpus_dir"]),
-               smoke_corpus=_corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json")),
+               smoke_corpus=corpus_ref(atomic.read_json(Path(spec["smoke_corpus_dir"]) / "corpus.json")),
                progress=Progress(deployment_id).start())
     job.log(f"deployment {deployment_id}: {len(spec['cells'])} cells, attempt dir {attempt}")
     return job
@@ -267,7 +272,7 @@ def _prepare_cells(job: _Job, plan: Plan | None, plan_path: str | None) -> None:
     for c in job.spec["cells"]:
         entry = {"cell": c, "declared": job.out / _cell_rel(c) / "summary.json"}
         cj = atomic.read_json(Path(c["corpus_dir"]) / "corpus.json")
-        entry["corpus"] = _corpus_ref(cj)
+        entry["corpus"] = corpus_ref(cj)
         expected = planned_digests.get(c["corpus_dir"])
         if expected and expected != cj.get("digest"):
             entry["mismatch"] = (f"{c['corpus_dir']}: corpus digest {cj.get('digest')} differs from the plan's {expected} "
@@ -367,7 +372,7 @@ def _launch_and_wait_ready(job: _Job) -> bool:
 
     try:
         job.progress.phase("launch")
-        eng = _with_profiler(job) if job.spec.get("profile") else job.eng
+        eng = job.phase.engine(job, job.eng)
         job.server, _backend = launch.start_server(eng, job.arm, attempt_dir=job.attempt, served_model_name=job.served)
         job.log(f"server starting: pid {job.server.pid} {job.server.base_url}")
         job.readiness = readiness.wait_ready(job.server, timeout_s=float(job.eng["readiness_timeout_s"]))
@@ -403,8 +408,8 @@ def _smoke_captures(job: _Job) -> None:
 
 
 def _measure(job: _Job) -> None:
-    """The capacity search (capacity jobs) or the memory sweep (memory jobs), then the cells strictly in
-    planned order (a profile job runs them under the profiler)."""
+    """The capacity search (capacity jobs) or the phase's step before its cells (the memory sweep), then the
+    cells strictly in planned order, inside the phase's context (a profile job runs them under the profiler)."""
     job.cache_config, _ = prom.fetch_kv_cache_config(job.server.base_url, api_key=job.eng.get("api_key"))
     _pin_client(job.settings.get("client_cpus"), job.log)
     job.stage = "cells"
@@ -416,115 +421,12 @@ def _measure(job: _Job) -> None:
                        "confounds": launchlog.parse_launch_log(log_text)},
                       job.out, job.attempt, progress=job.progress, alive=job.death.alive)
         job.progress.end_phase()
-    if job.spec["kind"] == "memory":
-        _memory_sweep(job)
+    job.phase.before_cells(job)
     to_measure = job.to_measure
-    profiling = job.spec["kind"] == "profile" and bool(to_measure)
-    if profiling:
-        _profile_start(job)
-    try:
+    with job.phase.around_cells(job) if to_measure else contextlib.nullcontext():
         for n, entry in enumerate(to_measure, 1):
             if not _measure_cell(job, entry, n, len(to_measure)):
                 break  # the server died: the rest are marked deployment_failed when the records are written
-    finally:
-        if profiling and job.death.alive():
-            _profile_stop(job)
-
-
-# --------------------------------------------------------------------------------------------------
-# Extension phases (specstudy.study.extensions): what a deployment runs besides its cells
-# --------------------------------------------------------------------------------------------------
-def _sampled_capture(job: _Job) -> None:
-    """The sampling phase: every capture prompt x every pre-registered seed at the sampling temperature."""
-    sc = job.spec.get("sampled_capture")
-    if not sc:
-        return
-    from specstudy.inputs import corpus as corpusmod
-    from specstudy.phases import sampling
-
-    job.stage = "sampled_capture"
-    prompts = corpusmod.load_prompts(sc["corpus_dir"])[: int(sc["prompts"])]
-    corpus_ref = _corpus_ref(atomic.read_json(Path(sc["corpus_dir"]) / "corpus.json"))
-    path = job.attempt / "sampling" / "capture.json"
-    job.progress.phase("sampled_capture", f"{len(prompts)} prompts x {len(sc['seeds'])} seeds")
-    sampling.capture_sampled(job.server.base_url, job.served, prompts, path, seeds=list(sc["seeds"]),
-                             temperature=float(sc["temperature"]), top_p=float(sc["top_p"]),
-                             concurrency=int(sc["concurrency"]), deployment_id=job.deployment_id,
-                             arm=job.arm["name"], corpus=corpus_ref, api_key=job.eng.get("api_key"),
-                             request_timeout_s=float(job.settings.get("request_timeout_s", 600)))
-    job.progress.end_phase()
-    job.extension["sampled_capture"] = str(path)
-
-
-def _memory_sweep(job: _Job) -> None:
-    """The memory phase: the KV-cache sweep (largest concurrency without preemption per context length)."""
-    from specstudy.phases import memory
-
-    m = job.spec["memory"]
-    work = job.attempt / "memory"
-    draft = job.eng.get("draft_model") if job.arm["method"] == "draft_model" else None
-    kv = memory.kv_cost(job.eng["model"], dtype=job.eng.get("dtype"), draft_dir=draft,
-                        tensor_parallel_size=int(job.eng.get("tensor_parallel_size") or 1))
-    job.progress.phase("memory_sweep")
-    memory.run_sweep(job.server.base_url, job.served, prompts_source=Path(m["corpus_dir"]) / "prompts.jsonl",
-                     tokenizer_dir=job.eng["tokenizer"], context_tokens=list(m["context_tokens"]),
-                     output_tokens=int(m["output_tokens"]), concurrency=list(m["concurrency"]),
-                     metrics_url=job.server.base_url + "/metrics", out_dir=work, api_key=job.eng.get("api_key"),
-                     request_timeout_s=float(job.settings.get("request_timeout_s", 600)), arm=job.arm["name"],
-                     launch_log=job.attempt / "launch.log", kv=kv)
-    job.progress.end_phase()
-    if not job.death.alive():
-        raise RuntimeError(f"{work}: the server died during the memory sweep")
-    job.extension["memory"] = str(work / "memory.json")
-
-
-def _engine_vllm_version(job: _Job) -> str:
-    declared = (job.spec.get("profile") or {}).get("vllm_version")
-    if declared:
-        return str(declared)
-    version = provenance.server_software(job.eng.get("python")).get("vllm")
-    if not version:
-        raise DeploymentError("profile phase: the engine's vLLM version is unknown; declare "
-                              "extensions.profile.vllm_version in the study config", stage="launch", reason="profiler")
-    return str(version)
-
-
-def _with_profiler(job: _Job) -> dict:
-    """The engine settings with vLLM's torch profiler on, writing its traces into the attempt."""
-    from specstudy.phases import profile as profiling
-
-    trace_dir = (job.attempt / "profile" / "traces").resolve()
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    extra = profiling.launch_settings(str(trace_dir), _engine_vllm_version(job))
-    eng = dict(job.eng)
-    eng["extra_args"] = list(eng.get("extra_args") or []) + list(extra.get("extra_args") or [])
-    eng["env"] = {**(eng.get("env") or {}), **(extra.get("env") or {})}
-    job.extension["profile_traces"] = str(trace_dir)
-    return eng
-
-
-def _profile_start(job: _Job) -> None:
-    from specstudy.phases import profile as profiling
-
-    job.progress.phase("profile", "start")
-    profiling.start(job.server.base_url, api_key=job.eng.get("api_key"))
-    job.progress.end_phase()
-
-
-def _profile_stop(job: _Job) -> None:
-    """Stop the profiler (it writes the traces), then classify the traces' time (kept beside them)."""
-    from specstudy.phases import profile as profiling
-
-    job.progress.phase("profile", "stop and write traces")
-    profiling.stop(job.server.base_url, api_key=job.eng.get("api_key"))
-    job.progress.end_phase()
-    trace_dir = Path(job.extension["profile_traces"])
-    summary = profiling.summarize_traces(trace_dir)
-    cells = [_cell_rel(e["cell"]) for e in job.to_measure]
-    summary.update(arm=job.arm["name"], cell=", ".join(cells), deployment_id=job.deployment_id)
-    path = trace_dir.parent / "summary.json"
-    atomic.write_json(path, summary)
-    job.extension["profile"] = str(path)
 
 
 def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:

@@ -185,28 +185,27 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     spec = {"phase": phase, "rep": rep, "kind": dep.kind, "block": dep.block, "order": dep.order,
             "cells": [{"workload": c.workload, "concurrency": c.concurrency, "corpus_dir": dirs[c.workload]}
                       for c in dep.cells], **common}
-    from specstudy.study.extensions import PHASES as EXTENSION_PHASES
-    from specstudy.study.extensions import deployment_extras
+    from specstudy.phases import registry
 
-    if phase in EXTENSION_PHASES:
-        # An extension phase (specstudy.study.extensions): its plan's design overrides cell settings and names
-        # what the deployment runs besides its cells; phase-only server settings join the engine's.
-        design = plan.design
-        spec["cell_settings"] = {**cfg["cells"], **(design.get("cell_settings") or {})}
-        spec.update(deployment_extras(design, dirs))
-        if design.get("extra_args") or design.get("env"):
-            # phase-only server settings: flags added; env values replace the study's, null removes one
-            engine = dict(cfg["engine"])
-            server = engine["server"] = dict(engine.get("server") or {})
-            server["extra_args"] = list(server.get("extra_args") or []) + list(design.get("extra_args") or [])
-            env = dict(server.get("env") or {})
-            for key, value in (design.get("env") or {}).items():
-                if value is None:
-                    env.pop(key, None)
-                else:
-                    env[key] = str(value)
-            server["env"] = env
-            spec["engine"] = engine
+    # The phase's plan design overrides cell settings (an extension phase's: the sampling temperature, the fixed
+    # length, its request counts) and, through the phase's behaviour, names what the deployment runs besides
+    # its cells; phase-only server settings join the engine's.
+    design = plan.design or {}
+    spec["cell_settings"] = {**cfg["cells"], **(design.get("cell_settings") or {})}
+    spec.update(registry.get(phase).spec_extras(design, dirs))
+    if design.get("extra_args") or design.get("env"):
+        # phase-only server settings: flags added; env values replace the study's, null removes one
+        engine = dict(cfg["engine"])
+        server = engine["server"] = dict(engine.get("server") or {})
+        server["extra_args"] = list(server.get("extra_args") or []) + list(design.get("extra_args") or [])
+        env = dict(server.get("env") or {})
+        for key, value in (design.get("env") or {}).items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = str(value)
+        server["env"] = env
+        spec["engine"] = engine
     return spec
 
 

@@ -1,4 +1,4 @@
-"""The ignore_eos mechanics phase's analysis (issue #20 item 2): fixed output lengths beside natural EOS.
+"""The ignore_eos phase (issue #20 item 2): fixed output lengths beside natural EOS.
 
 Every request of the phase is sent with ``ignore_eos: true`` and ``max_tokens`` = the declared
 ``output_tokens``, so every successful request generates exactly that many tokens whatever the arm.
@@ -17,7 +17,7 @@ Per cell summary (schema ``cell-summary``, ``keys.phase == "ignore_eos"``) the f
 from the summary's own figures: the completion tokens of the successful requests that carried usage
 must equal ``(successful - missing_usage) * output_tokens``, and the server's finished-request counter
 (``server_deltas.requests_finished_by_reason``) must show no request that ended on ``stop``. A cell that
-fails the check is flagged and left out of the mechanics comparison with reason code
+fails the check is flagged and left out of the fixed-length comparison with reason code
 ``fixed_length_not_honoured`` (listed, never dropped silently), like a cell whose own validity rejects it.
 
 Rule: ``confirmation.decision`` of the pre-registration (``min_gain``, ``max_regression``,
@@ -25,8 +25,9 @@ Rule: ``confirmation.decision`` of the pre-registration (``min_gain``, ``max_reg
 correction for repeated looks, for fixed lengths and natural EOS alike (the confirmation checkpoint's own
 verdicts may use a Bonferroni-corrected confidence: docs/ignore-eos.md).
 
-CLI: ``specstudy ignore-eos summary``. Public: :func:`summarize`, :func:`check_fixed_length`,
-:func:`load_decision`, :func:`find_cells`.
+Registered as the ``ignore_eos`` phase (:mod:`specstudy.phases.registry`; its design in
+:mod:`specstudy.study.phase_decl`). CLI: ``specstudy phase summary ignore_eos``. Public: :func:`summarize`,
+:func:`check_fixed_length`. Imports ``core``, ``inference``, ``analysis.tables``, ``study`` and the registry.
 """
 
 from __future__ import annotations
@@ -38,41 +39,29 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core.errors import UserError
-from specstudy.core.stat_util import finite_or_none, median
+from specstudy.core.stat_util import median
+from specstudy.phases.registry import Phase, register_phase
+from specstudy.study.phase_decl import DECLS
 
 PHASE = "ignore_eos"
 NATURAL_PHASE = "confirm"
-LABEL = ("Mechanics (ignore_eos, fixed output lengths): isolates serving mechanics; not a study result, never "
-         "pooled with natural-EOS results")
+LABEL = DECLS[PHASE].label
 SCHEMA = "specstudy.ignore-eos/1"
 NOT_HONOURED = "fixed_length_not_honoured"
 ONE_DEPLOYMENT = "one deployment: no interval"
 SOURCES = {"fixed_length": PHASE, "natural_eos": NATURAL_PHASE}
 
-# <root>/<arm>/<rep>/<workload>/c<c>/summary.json (never the copies under attempts/<deployment_id>/)
-_CELL_REL = re.compile(r"^(?P<arm>[^/]+)/(?P<rep>(?:rep|drift)[0-9]+)/(?P<workload>[a-z][a-z0-9_]*)/"
-                       r"c(?P<conc>[0-9]+)/summary\.json$")
 _CELL_TAIL = re.compile(r"(?:^|/)(?P<arm>[^/]+)/(?P<rep>(?:rep|drift)[0-9]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/"
                         r"summary\.json$")
 
 
 class IgnoreEosInputError(UserError):
-    """Bad input to the mechanics analysis; the message names the file, the field and the fix."""
+    """Bad input to the ignore_eos analysis; the message names the file, the field and the fix."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
-def find_cells(root: str | Path) -> list[Path]:
-    """The declared cell summaries under ``root`` (``<arm>/<rep>/<workload>/c<c>/summary.json``), sorted."""
-    root = Path(root)
-    if not root.is_dir():
-        raise IgnoreEosInputError(f"{root}: no such directory; pass the phase's results directory (e.g. "
-                                  "results/ignore_eos or results/confirm)")
-    return sorted(p for p in root.glob("*/*/*/c*/summary.json")
-                  if _CELL_REL.match(p.relative_to(root).as_posix()))
-
-
 def _rule(decision: dict, source: str) -> dict:
     """The rule :func:`specstudy.inference.decision.judge` reads, from the pre-registration's ``confirmation.decision``."""
     from specstudy.inference import decision as dec
@@ -101,33 +90,6 @@ def _rule(decision: dict, source: str) -> dict:
     rule["looks"] = dec.looks(rule)
     rule["look_confidence"] = dec.look_confidence(rule)
     return rule
-
-
-def load_decision(prereg_path: str | Path) -> dict:
-    """``confirmation.decision`` of a pre-registration file (validated against its schema and rule checks)."""
-    import yaml
-
-    from specstudy.core import schemas
-    from specstudy.inference.decision import DecisionRuleError, check_prereg
-
-    path = Path(prereg_path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise IgnoreEosInputError(f"{path}: file not found; pass --prereg config/preregistration.yaml (the study's "
-                                  "locked pre-registration)") from None
-    except yaml.YAMLError as exc:
-        raise IgnoreEosInputError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise IgnoreEosInputError(f"{path}: not a pre-registration (a YAML mapping with 'confirmation.decision')")
-    schemas.validate(data, "preregistration", str(path))
-    try:
-        check_prereg(data, str(path))
-    except DecisionRuleError as exc:
-        raise IgnoreEosInputError(str(exc)) from None
-    decision = (data.get("confirmation") or {}).get("decision")
-    _rule(decision, str(path))
-    return dict(decision)
 
 
 def check_fixed_length(summary, output_tokens: int) -> dict:
@@ -200,11 +162,6 @@ def _read(paths: list, phase: str, source: str, output_tokens: int | None) -> li
 # ---------------------------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------------------------
-def _median(vals) -> float | None:
-    """The median of the finite values (infinities dropped too)."""
-    return median(finite_or_none(v) for v in vals)
-
-
 def zone(speedup: float | None, rule: dict) -> str | None:
     """Where a point speedup lies against the thresholds: ``above_gain`` (> 1 + min_gain), ``below_regression``
     (< 1 - max_regression) or ``between``; the same strict inequalities as :func:`specstudy.inference.decision.verdict`."""
@@ -230,10 +187,10 @@ def _group_medians(rows: list[dict]) -> dict[tuple, dict]:
     for key, rs in groups.items():
         thr = [r for r in rs if _ok(r, "throughput")]
         out[key] = {"n_cells": len(rs),
-                    "output_tokens_per_second": _median(r["output_tokens_per_second"] for r in thr),
-                    "tpot_p50_ms": _median(r["tpot_p50_ms"] for r in thr),
-                    "acceptance_rate": _median(r["acceptance_rate"] for r in rs),
-                    "mean_acceptance_length": _median(r["mean_acceptance_length"] for r in rs)}
+                    "output_tokens_per_second": median((r["output_tokens_per_second"] for r in thr), finite=True),
+                    "tpot_p50_ms": median((r["tpot_p50_ms"] for r in thr), finite=True),
+                    "acceptance_rate": median((r["acceptance_rate"] for r in rs), finite=True),
+                    "mean_acceptance_length": median((r["mean_acceptance_length"] for r in rs), finite=True)}
     return out
 
 
@@ -477,7 +434,7 @@ def summarize(cells: list, natural_cells: list, *, output_tokens: int, decision:
                                   "<workload>/c<c>/summary.json); run the ignore_eos phase's deployments first")
     if not natural_cells:
         raise IgnoreEosInputError("no natural-EOS cell summaries given (expected results/confirm/<arm>/<rep>/"
-                                  "<workload>/c<c>/summary.json); the mechanics phase is read beside confirmation: "
+                                  "<workload>/c<c>/summary.json); the ignore_eos phase is read beside confirmation: "
                                   "run `snakemake confirm` first")
     rule = _rule(decision, "pre-registration")
     fixed_rows = _read(cells, PHASE, "fixed_length", output_tokens)
@@ -517,32 +474,16 @@ def summarize(cells: list, natural_cells: list, *, output_tokens: int, decision:
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI
+# The phase
 # ---------------------------------------------------------------------------------------------
-def _cmd_summary(args) -> int:
-    cells = find_cells(args.cells_root)
-    natural = find_cells(args.natural_root)
-    if not cells:
-        raise IgnoreEosInputError(f"{args.cells_root}: no cell summaries (<arm>/<rep>/<workload>/c<c>/summary.json) "
-                                  "under --cells-root; run the ignore_eos phase's deployments first")
-    if not natural:
-        raise IgnoreEosInputError(f"{args.natural_root}: no cell summaries (<arm>/<rep>/<workload>/c<c>/summary.json) "
-                                  "under --natural-root; run `snakemake confirm` first")
-    res = summarize(cells, natural, output_tokens=args.output_tokens, decision=load_decision(args.prereg),
-                    out_dir=args.out)
-    print(f"ignore_eos mechanics: {len(res['fixed_length'])} fixed-length and {len(res['natural_eos'])} natural-EOS "
-          f"cells; {len(res['disagreements'])} disagreements; {len(res['fixed_length_flagged'])} cells did not honour "
-          f"the fixed length; {len(res['excluded'])} excluded -> {args.out}/summary.json, section.md, cells.parquet")
-    return 0
+@register_phase
+class IgnoreEosPhase(Phase):
+    """Its deployments run their cells with the fixed length (the design's ``cell_settings``: the spec merges
+    them); nothing else. The summary sets them beside the confirmation's natural-EOS cells."""
 
+    name = PHASE
 
-def register(sub) -> None:
-    p = sub.add_parser("ignore-eos", help="the ignore_eos mechanics phase (fixed output lengths; never pooled)")
-    isub = p.add_subparsers(dest="ignore_eos_command", required=True)
-    s = isub.add_parser("summary", help="fixed-length mechanics beside natural EOS: speedups, verdicts, disagreements")
-    s.add_argument("--cells-root", required=True, help="results/ignore_eos")
-    s.add_argument("--natural-root", required=True, help="results/confirm (natural-EOS cells)")
-    s.add_argument("--prereg", required=True, help="the pre-registration (its confirmation.decision block)")
-    s.add_argument("--output-tokens", type=int, required=True, help="max_tokens every ignore_eos request was sent with")
-    s.add_argument("--out", required=True, help="results/ignore_eos")
-    s.set_defaults(func=_cmd_summary)
+    def summarize(self, run) -> dict:
+        return summarize(run.cells, run.confirm_cells(),
+                         output_tokens=int(run.cfg["extensions"]["ignore_eos"]["output_tokens"]),
+                         decision=run.prereg["confirmation"]["decision"], out_dir=run.out)

@@ -19,6 +19,10 @@ Per arm this measures what the engine's memory allows, beside the capacity knee 
 - :func:`nvml_memory`: per-GPU used/total bytes, or the reason there are none.
 - :func:`summarize`: every arm's record joined to its capacity knee: ``summary.json`` + ``section.md``.
 
+Registered as the ``memory`` phase (:mod:`specstudy.phases.registry`; its design in
+:mod:`specstudy.study.phase_decl`): a deployment runs the sweep before (instead of) cells, and the phase's
+summary joins every arm's sweep to its capacity knee. CLI: ``specstudy phase summary memory`` and
+``specstudy phase memory kv-cost``. Imports ``core``, ``measure``, ``deployment.launchlog`` and the registry.
 docs/memory.md has the definitions and the embedded settings.
 """
 
@@ -38,6 +42,7 @@ from typing import Any
 from specstudy.core import atomic, schemas
 from specstudy.core.errors import UserError
 from specstudy.measure import prom
+from specstudy.phases.registry import Phase, register_phase
 
 SCHEMA = "specstudy.memory/1"
 STEP_SCHEMA = "specstudy.memory-step/1"
@@ -653,39 +658,53 @@ def summarize(records: list[str | os.PathLike], knees: dict[str, str | os.PathLi
 
 
 # --------------------------------------------------------------------------------------------------
-# CLI
+# The phase: its deployment step, summary and tools
 # --------------------------------------------------------------------------------------------------
-def _cmd_summary(args) -> int:
-    root = Path(args.knees_root) if args.knees_root else None
-    knees: dict[str, Path | None] = {}
-    for p in args.records:
-        arm = atomic.read_json(p).get("arm")
-        path = root / str(arm) / "knee.json" if root is not None else None
-        knees[str(arm)] = path if path is not None and path.is_file() else None
-    s = summarize(args.records, knees, args.out)
-    print(f"memory summary: {len(s['arms'])} arm(s) -> {Path(args.out) / 'summary.json'}, {Path(args.out) / 'section.md'}")
-    return 0
+@register_phase
+class MemoryPhase(Phase):
+    name = "memory"
+    serves_without_cells = True  # its deployments run the sweep, not cells
+
+    def spec_extras(self, design: dict, dirs: dict[str, str]) -> dict:
+        sweep = design.get("sweep")
+        return {"memory": dict(sweep, corpus_dir=dirs[sweep["workload"]])} if sweep else {}
+
+    def before_cells(self, job) -> None:
+        """The KV-cache sweep (largest concurrency without preemption per context length)."""
+        m = job.spec["memory"]
+        work = job.attempt / "memory"
+        draft = job.eng.get("draft_model") if job.arm["method"] == "draft_model" else None
+        kv = kv_cost(job.eng["model"], dtype=job.eng.get("dtype"), draft_dir=draft,
+                     tensor_parallel_size=int(job.eng.get("tensor_parallel_size") or 1))
+        job.progress.phase("memory_sweep")
+        run_sweep(job.server.base_url, job.served, prompts_source=Path(m["corpus_dir"]) / "prompts.jsonl",
+                  tokenizer_dir=job.eng["tokenizer"], context_tokens=list(m["context_tokens"]),
+                  output_tokens=int(m["output_tokens"]), concurrency=list(m["concurrency"]),
+                  metrics_url=job.server.base_url + "/metrics", out_dir=work, api_key=job.eng.get("api_key"),
+                  request_timeout_s=float(job.settings.get("request_timeout_s", 600)), arm=job.arm["name"],
+                  launch_log=job.attempt / "launch.log", kv=kv)
+        job.progress.end_phase()
+        if not job.death.alive():
+            raise RuntimeError(f"{work}: the server died during the memory sweep")
+        job.extension["memory"] = str(work / "memory.json")
+
+    def summarize(self, run) -> dict:
+        """Every arm's sweep joined to its capacity knee (when the declaration joins them:
+        ``capacity.enabled`` and ``extensions.memory.join_capacity``)."""
+        knees = {d["arm"]: run.knee(d["arm"]) for d in run.deployments}
+        return summarize(run.artifacts("memory"), knees, run.out)
+
+    def add_tools(self, sub) -> None:
+        k = sub.add_parser("kv-cost", help="KV bytes per token from config.json (target, draft, pool)")
+        k.add_argument("--model", required=True)
+        k.add_argument("--draft", default=None)
+        k.add_argument("--dtype", default=None, help="the engine's --dtype (default auto)")
+        k.add_argument("--kv-cache-dtype", default=None)
+        k.add_argument("--tensor-parallel-size", type=int, default=1)
+        k.set_defaults(func=_cmd_kv_cost)
 
 
 def _cmd_kv_cost(args) -> int:
     print(json.dumps(kv_cost(args.model, dtype=args.dtype, draft_dir=args.draft, kv_cache_dtype=args.kv_cache_dtype,
                              tensor_parallel_size=args.tensor_parallel_size), indent=2))
     return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("memory", help="memory capacity phase: KV cost, advertised pool, no-preemption sweep")
-    sub = p.add_subparsers(dest="memory_command", required=True)
-    s = sub.add_parser("summary", help="join memory.json records to the capacity knees: summary.json + section.md")
-    s.add_argument("--records", nargs="+", required=True, help="memory.json of each arm")
-    s.add_argument("--knees-root", default="results/capacity",
-                   help="folder holding <arm>/knee.json (an arm without one: 'no capacity search for this arm')")
-    s.add_argument("--out", required=True, help="output folder (summary.json, section.md)")
-    s.set_defaults(func=_cmd_summary)
-    k = sub.add_parser("kv-cost", help="KV bytes per token from config.json (target, draft, pool)")
-    k.add_argument("--model", required=True)
-    k.add_argument("--draft", default=None)
-    k.add_argument("--dtype", default=None, help="the engine's --dtype (default auto)")
-    k.add_argument("--kv-cache-dtype", default=None)
-    k.add_argument("--tensor-parallel-size", type=int, default=1)
-    k.set_defaults(func=_cmd_kv_cost)

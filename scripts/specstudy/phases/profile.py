@@ -11,10 +11,17 @@ of each engine process into ``target_forward``, ``draft_forward``, ``ngram_propo
 A profiled cell's timings are inflated by the profiler (the Python tracer costs far more than the
 model on the fixture): they are a breakdown of where the engine spends its time, never a
 performance result, and are never pooled with measured cells.
+
+Registered as the ``profile`` phase (:mod:`specstudy.phases.registry`; its design in
+:mod:`specstudy.study.phase_decl`): a deployment launches with the profiler on and runs its cells under it;
+the phase's summary gathers every arm's classified traces. CLI: ``specstudy phase summary profile`` and
+``specstudy phase profile summarize-traces``. Imports ``core``, ``deployment`` (the engine's version) and
+the registry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core.errors import UserError
+from specstudy.phases.registry import Phase, register_phase
 
 SCHEMA = "specstudy.kernel-profile/1"
 CATEGORIES = ("target_forward", "draft_forward", "ngram_proposal", "rejection_sampling", "sampling",
@@ -352,7 +360,7 @@ CAVEAT = ("A profiled cell's timings are inflated by the profiler (Python stacks
 def summary(records: list[str | os.PathLike], out_dir: str | os.PathLike) -> dict:
     """``summary.json`` + ``section.md`` ("Kernel profile") from per-arm profile records.
 
-    A record is :func:`summarize_traces`'s output (``specstudy profile summarize``), optionally with
+    A record is :func:`summarize_traces`'s output (``specstudy phase profile summarize-traces``), optionally with
     ``arm`` and ``cell`` added by the phase; without ``arm`` the file's parent directory names it.
     """
     from specstudy.core import atomic
@@ -362,7 +370,7 @@ def summary(records: list[str | os.PathLike], out_dir: str | os.PathLike) -> dic
         rec = atomic.read_json(r)
         if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
             raise UserError(f"{r}: field 'schema' is {rec.get('schema') if isinstance(rec, dict) else None!r}, "
-                            f"expected {SCHEMA!r}; make it with `specstudy profile summarize`")
+                            f"expected {SCHEMA!r}; make it with `specstudy phase profile summarize-traces`")
         arm = rec.get("arm") or Path(r).parent.name
         arms.append({"arm": arm, "record": str(r), "cell": rec.get("cell"), "total": rec["total"],
                      "files": [{k: f[k] for k in ("file", "bytes", "sha256", "role")} for f in rec["files"]],
@@ -398,8 +406,79 @@ def section_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------- CLI
-def _cmd_summarize(args) -> int:
+# --------------------------------------------------------------------------------------------- the phase
+@register_phase
+class ProfilePhase(Phase):
+    name = "profile"
+
+    def spec_extras(self, design: dict, dirs: dict[str, str]) -> dict:
+        return {"profile": dict(design["profile"])} if "profile" in design else {}
+
+    def engine(self, job, eng: dict) -> dict:
+        """The engine settings with vLLM's torch profiler on, writing its traces into the attempt."""
+        if not job.spec.get("profile"):
+            return eng
+        trace_dir = (job.attempt / "profile" / "traces").resolve()
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        extra = launch_settings(str(trace_dir), _engine_vllm_version(job))
+        eng = dict(eng)
+        eng["extra_args"] = list(eng.get("extra_args") or []) + list(extra.get("extra_args") or [])
+        eng["env"] = {**(eng.get("env") or {}), **(extra.get("env") or {})}
+        job.extension["profile_traces"] = str(trace_dir)
+        return eng
+
+    @contextlib.contextmanager
+    def around_cells(self, job):
+        """The profiler started before the cells; stopped after them while the server lives (it writes the
+        traces), then the traces' time classified (kept beside them)."""
+        job.progress.phase("profile", "start")
+        start(job.server.base_url, api_key=job.eng.get("api_key"))
+        job.progress.end_phase()
+        try:
+            yield
+        finally:
+            if job.death.alive():
+                self._stop(job)
+
+    @staticmethod
+    def _stop(job) -> None:
+        from specstudy.core import atomic
+
+        job.progress.phase("profile", "stop and write traces")
+        stop(job.server.base_url, api_key=job.eng.get("api_key"))
+        job.progress.end_phase()
+        trace_dir = Path(job.extension["profile_traces"])
+        result = summarize_traces(trace_dir)
+        cells = [f"{e['cell']['workload']}/c{int(e['cell']['concurrency'])}" for e in job.to_measure]
+        result.update(arm=job.arm["name"], cell=", ".join(cells), deployment_id=job.deployment_id)
+        path = trace_dir.parent / "summary.json"
+        atomic.write_json(path, result)
+        job.extension["profile"] = str(path)
+
+    def summarize(self, run) -> dict:
+        return summary(run.artifacts("profile"), run.out)
+
+    def add_tools(self, sub) -> None:
+        s = sub.add_parser("summarize-traces", help="classify the traces of one profiled cell (one arm)")
+        s.add_argument("--traces", required=True, help="the torch_profiler_dir the server wrote its traces to")
+        s.add_argument("--out", required=True, help="the record to write (JSON)")
+        s.set_defaults(func=_cmd_summarize_traces)
+
+
+def _engine_vllm_version(job) -> str:
+    from specstudy.deployment import DeploymentError, provenance
+
+    declared = (job.spec.get("profile") or {}).get("vllm_version")
+    if declared:
+        return str(declared)
+    version = provenance.server_software(job.eng.get("python")).get("vllm")
+    if not version:
+        raise DeploymentError("profile phase: the engine's vLLM version is unknown; declare "
+                              "extensions.profile.vllm_version in the study config", stage="launch", reason="profiler")
+    return str(version)
+
+
+def _cmd_summarize_traces(args) -> int:
     from specstudy.core import atomic
 
     res = summarize_traces(args.traces)
@@ -408,22 +487,3 @@ def _cmd_summarize(args) -> int:
     print(f"{args.out}: span {t['span_ms']:.1f} ms; " +
           ", ".join(f"{k} {100 * (t['fraction'][k] or 0):.1f}%" for k in CATEGORIES))
     return 0
-
-
-def _cmd_summary(args) -> int:
-    res = summary(args.records, args.out)
-    print(f"{args.out}/summary.json, section.md: {len(res['arms'])} arm(s)")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("profile", help="kernel profile phase: summarize vLLM torch-profiler traces")
-    psub = p.add_subparsers(dest="profile_command", required=True)
-    s = psub.add_parser("summarize", help="classify the traces of one profiled cell (one arm)")
-    s.add_argument("--traces", required=True, help="the torch_profiler_dir the server wrote its traces to")
-    s.add_argument("--out", required=True, help="the record to write (JSON)")
-    s.set_defaults(func=_cmd_summarize)
-    r = psub.add_parser("summary", help="the phase's summary.json and report section from per-arm records")
-    r.add_argument("--records", required=True, nargs="+", help="records written by `specstudy profile summarize`")
-    r.add_argument("--out", required=True, help="directory for summary.json and section.md")
-    r.set_defaults(func=_cmd_summary)

@@ -1,548 +1,470 @@
-"""Sampling-phase correctness (temperature > 0): output *distributions*, judged against a control.
+"""The opt-in sampling phase (temperature > 0; docs/sampling.md): its deployment step, summary and report section.
 
-At temperature > 0 a speculative arm is lossless when its outputs are drawn from the same
-distribution as the baseline's, not when they are the same strings: two separately launched
-deployments are not bitwise reproducible, and a speculative sampler (rejection sampling) need not
-consume a request's random stream the way the plain sampler does, so even a shared seed does not
-make a lossless arm reproduce the baseline's sample. So, as the greedy gate (:mod:`specstudy.analysis.gate`)
-does, a baseline-vs-candidate comparison is judged against a baseline-vs-baseline *control*: no
-control, no verdict.
+Registered as the ``sampling`` phase (:mod:`specstudy.phases.registry`; its declaration and design are
+:data:`specstudy.study.phase_decl.DECLS`): a deployment runs one sampled capture after its smoke captures
+(:mod:`specstudy.phases.sampling_capture`), then its cells at the pre-registered temperature; the phase's
+summary first judges every speculative arm from the planned deployments' captures
+(:mod:`specstudy.phases.sampling_judge`, ``results/sampling/gates/<arm>.json``), so the section is never
+built without its verdicts.
 
-Every request (prompt, seed) is sent with the same seed and parameters in every arm (a sampled
-capture, schema ``sampled-capture``). For two captures, each comparable request ("item") gives
+:func:`summarize` reads the phase's verdicts (``sampling-gate`` records, :func:`specstudy.phases.sampling_judge.judge`),
+its cell summaries (``results/sampling/<arm>/<rep>/<workload>/c<c>/summary.json``, ``keys.phase ==
+"sampling"``) and the greedy confirmation cell summaries (``keys.phase == "confirm"``), and writes
+``summary.json`` (schema ``sampling-summary``) and ``section.md`` (the report section "Sampling (temperature T)"):
 
-* ``length_difference`` — |Δ completion tokens| / the larger of the two (0 when both are 0);
-* ``token_tvd`` — total variation distance between the two outputs' unigram distributions of
-  completion token ids (whitespace-separated words when a capture lacks the ids);
-* ``text_similarity`` — 1 − character Levenshtein distance / longer output (rapidfuzz).
+* per arm, the verdict, its reasons and per statistic the treatment and control means, the effect, the
+  margin, the p-value and the corrected alpha;
+* per arm x workload x concurrency the median over deployments of TPOT p50 and of output tokens/s, and
+  their ratio to the baseline's median at the same temperature (arm median / baseline median, same
+  workload and concurrency), beside the same figures from the greedy confirmation cells. Only valid cells
+  count; every cell (or figure) left out is listed with its reason codes.
 
-Treatment items pair each candidate deployment with a baseline deployment under the same seed;
-control items pair every two baseline (control) deployments, under a rotated seed (independent
-draws, the default) or the same seed (``control_pairing``). Values are averaged over a prompt's
-seeds within one pair (the unit: requests of one prompt are not independent, and every value
-averages as many requests on both sides), and per statistic the treatment values are tested
-against the control values with the declared one-sided two-sample test (``mannwhitneyu`` or ``ks_2samp``, harmful direction: more divergence, less similarity).
-A statistic fails when the test is significant at ``alpha`` (/3 with ``bonferroni``) AND the
-treatment mean is worse than the control mean by more than its declared margin. Verdicts:
-``pass`` | ``fail`` | ``no_verdict`` (with reasons); a pass is "no material distribution shift
-detected; not a proof".
+The sampling results are kept apart from the greedy study and never pooled with it: the two sets of
+figures are shown side by side, each against its own baseline, and nothing here feeds the decision.
 
-Functions: :func:`capture_sampled` (a sampled capture against a running server),
-:func:`load_sampled_capture`, :func:`length_difference`, :func:`unigram_tvd`, :func:`text_similarity`,
-:func:`compare_pair`, :func:`judge` (its settings checked by :func:`specstudy.study.prereg.check_sampling`); the phase's
-summary and report section live in :mod:`specstudy.phases.sampling_phase`. CLI: ``specstudy sampling
-{capture,judge,summary}``. The workflow rules are not built yet (docs/sampling.md).
+CLI: ``specstudy phase summary sampling`` and ``specstudy phase sampling capture | judge``. Imports ``core``,
+``study``, ``inputs.corpus`` and the phases' registry, capture and judge.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from specstudy.analysis.gate import captured_at, read_capture_json, text_sha256
-from specstudy.core import atomic, schemas
-from specstudy.study.prereg import SamplingInputError, check_sampling
+from specstudy.core import atomic, records, schemas
+from specstudy.core.capture_file import corpus_ref
+from specstudy.core.stat_util import median
+from specstudy.phases.registry import Phase, register_phase
+from specstudy.phases.sampling_judge import STATISTICS, SamplingInputError
 
-CAPTURE_SCHEMA = "specstudy.sampled-capture/1"
-GREEDY_CAPTURE_SCHEMA = "specstudy.capture/1"
-GATE_SCHEMA = "specstudy.sampling-gate/1"
-STATISTICS = ("length_difference", "token_tvd", "text_similarity")
-#: statistics where a larger treatment value is the harmful direction (the others: smaller is harmful)
-DIVERGENCES = ("length_difference", "token_tvd")
-TESTS = ("mannwhitneyu", "ks_2samp")
-EPS = 1e-12
-
-CLAIM = ("sampled outputs of the speculative arm differ from the baseline's no more than two baseline deployments "
-         "differ from each other (declared test and margins): no material distribution shift detected; not a proof")
-CLAIM_FAIL = ("sampled outputs of the speculative arm differ from the baseline's significantly and materially more "
-              "than two baseline deployments differ, or a request failed; this blocks recommendation until explained")
-CLAIM_NONE = ("no verdict: the sampled comparison could not be calibrated against a baseline-vs-baseline control or "
-              "evaluated (see reasons); a pass would only mean no material distribution shift was detected")
-
+SUMMARY_SCHEMA = "specstudy.sampling-summary/1"
+SAMPLED_PHASE = "sampling"
+GREEDY_PHASE = "confirm"
+NOT_POOLED = ("The sampling phase's results are kept apart from the greedy (temperature 0) study and never pooled "
+              "with it: its verdicts and figures feed neither the selection, the confirmation decision nor the "
+              "recommendation's effect estimates. Greedy figures are shown beside them for reference only; each "
+              "ratio is against the baseline of its own phase.")
+PASS_MEANS = "no material distribution shift detected; not a proof"
 DEFINITIONS = {
-    "item": "one request (prompt_id, seed) present and successful in both captures of a pair",
-    "length_difference": "|completion_tokens_a - completion_tokens_b| / max(both); 0.0 when both are 0",
-    "token_tvd": "total variation distance between the unigram distributions of the two outputs' completion token "
-                 "ids (unit 'token_id'), or of their whitespace-separated words (unit 'word') when any capture lacks "
-                 "the ids; 0.0 when both are empty, 1.0 when exactly one is",
-    "text_similarity": "1 - character Levenshtein distance (rapidfuzz) / length of the longer output; 1.0 when both "
-                       "are empty, 0.0 when exactly one is",
-    "treatment": "each candidate deployment vs one baseline deployment (by position, cycled), same seed",
-    "control": "every pair of distinct control (baseline) deployments; rotated_seed: the item of seed s_i is paired "
-               "with the other deployment's item of the prompt's next seed s_(i+1 mod k) (independent draws); "
-               "same_seed: with the same seed",
-    "unit_value": "the mean of a statistic over a prompt's items within one pair: the tests' unit (pairs x prompts "
-                  "values per side)",
-    "per_prompt": "the mean of a statistic over a prompt's items over every pair of that side (descriptive)",
-    "effect": "treatment mean - control mean for length_difference and token_tvd; control mean - treatment mean for "
-              "text_similarity (positive = the candidate diverges more)",
-    "check": "fails when the one-sided test is significant at the (corrected) alpha AND effect > margin",
+    "tpot_p50_ms": "median over the arm's valid deployments (cells) of the cell's TPOT p50 (ms)",
+    "output_tokens_per_second": "median over the arm's valid deployments (cells) of the cell's output tokens/s",
+    "ratio_to_baseline": "the arm's median / the baseline's median in the same phase, workload and concurrency "
+                         "(TPOT: < 1 is faster; tokens/s: > 1 is faster); null for the baseline itself or when "
+                         "either median is missing",
+    "excluded": "a cell that is not valid (validity.valid false) is left out whole; a valid cell whose TPOT "
+                "(validity.tpot_valid, else throughput_valid) or throughput (validity.throughput_valid) is not "
+                "valid, or has no value, is left out of that figure only; a drift baseline deployment (kind "
+                "drift) is left out as in the study's comparisons",
 }
 
 
-# --------------------------------------------------------------------------- captures
+# --------------------------------------------------------------------------- reading
 
 
-def load_sampled_capture(path_or_record: str | os.PathLike | dict, *, source: str | None = None) -> dict:
-    """Load and validate a sampled capture (schema ``sampled-capture``); errors name the file and field."""
-    if isinstance(path_or_record, dict):
-        data, src = path_or_record, source or "<sampled capture>"
-    else:
-        data, src = read_capture_json(path_or_record, SamplingInputError), str(path_or_record)
-    if not isinstance(data, dict):
-        raise SamplingInputError(f"{src}: top level must be a JSON object (a sampled capture)")
-    if data.get("schema") == GREEDY_CAPTURE_SCHEMA:
-        raise SamplingInputError(f"{src}: field 'schema' is {GREEDY_CAPTURE_SCHEMA!r}, a greedy capture (temperature "
-                                 "0); the sampling judge needs sampled captures (schema "
-                                 f"{CAPTURE_SCHEMA!r}, temperature > 0); greedy captures go to `specstudy gate judge`")
-    if data.get("schema") != CAPTURE_SCHEMA:
-        raise SamplingInputError(f"{src}: field 'schema' is {data.get('schema')!r}; expected {CAPTURE_SCHEMA!r}")
-    try:
-        schemas.validate(data, "sampled-capture", src)
-    except schemas.ValidationError as exc:
-        raise SamplingInputError(str(exc)) from None
-    seen: set[tuple[str, int]] = set()
-    for i, row in enumerate(data["prompts"]):
-        key = (row["prompt_id"], row["seed"])
-        if key in seen:
-            raise SamplingInputError(f"{src}: field 'prompts.{i}': prompt_id {key[0]!r} with seed {key[1]} appears "
-                                     "twice; each (prompt_id, seed) request must appear once")
-        seen.add(key)
-    return data
-
-
-def capture_sampled(
-    base_url: str,
-    model: str,
-    prompts: list[dict],
-    out_path: str | os.PathLike,
-    *,
-    seeds: list[int],
-    temperature: float,
-    top_p: float,
-    concurrency: int,
-    deployment_id: str,
-    arm: str,
-    corpus: dict,
-    capture_index: int = 1,
-    api_key: str | None = None,
-    request_timeout_s: float = 300.0,
-) -> dict:
-    """Send every prompt ({prompt_id, messages, max_tokens}) once per seed and write a sampled capture.
-
-    Request (prompt, seed) carries, in its own body (``RequestSpec.extra_body``, applied last), its seed,
-    ``temperature``, ``top_p`` and ``return_token_ids: true`` (vLLM then streams the generated token ids in
-    ``choices[].token_ids``); ``max_tokens`` is the prompt's. The requests go closed-loop at ``concurrency``
-    through ``loadgen.run_closed_loop(..., keep_text=True)``, prompt-major, seeds in the given order. The
-    capture (schema ``sampled-capture``) is validated, written atomically to ``out_path`` and returned.
-    """
-    from specstudy.measure import loadgen
-
-    src = "capture_sampled"
-    if not prompts:
-        raise SamplingInputError(f"{src}: 'prompts' is empty; pass the sampling prompts (rows with prompt_id, "
-                                 "messages, max_tokens)")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
-        raise SamplingInputError(f"{src}: temperature {temperature!r} must be > 0 (a temperature-0 capture is a greedy "
-                                 "capture: use gate.capture_greedy)")
-    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-        raise SamplingInputError(f"{src}: top_p {top_p!r} must be in (0, 1]")
-    if (not seeds or any(not isinstance(x, int) or isinstance(x, bool) for x in seeds)
-            or len(set(seeds)) != len(seeds)):
-        raise SamplingInputError(f"{src}: seeds {seeds!r} must be a non-empty list of distinct integers (the "
-                                 "pre-registered seeds.base + i)")
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-        raise SamplingInputError(f"{src}: concurrency {concurrency!r} must be an integer >= 1")
-    specs, keys, seen = [], [], set()
-    for i, row in enumerate(prompts):
-        for key in ("prompt_id", "messages", "max_tokens"):
-            if key not in row:
-                raise SamplingInputError(f"{src}: prompt row {i} lacks field '{key}' (rows need prompt_id, messages, "
-                                         "max_tokens)")
-        pid = str(row["prompt_id"])
-        if pid in seen:
-            raise SamplingInputError(f"{src}: prompt row {i}: prompt_id {pid!r} appears twice; each prompt once")
-        seen.add(pid)
-        max_tokens = int(row["max_tokens"])
-        for seed in seeds:
-            specs.append(loadgen.RequestSpec(
-                prompt_id=pid, workload=str(row.get("workload") or row.get("stratum") or "sampling"),
-                messages=row["messages"], max_tokens=max_tokens,
-                extra_body={"seed": int(seed), "temperature": float(temperature), "top_p": float(top_p),
-                            "return_token_ids": True}))
-            keys.append((pid, int(seed), max_tokens))
-    started = captured_at()
-    result = loadgen.run_closed_loop(base_url, model, specs, concurrency, temperature=float(temperature), seed=None,
-                                     keep_text=True, api_key=api_key, request_timeout_s=request_timeout_s)
-    ended = captured_at()
-    by_index = {r["request_index"]: r for r in result.rows}
-    out_rows = []
-    for i, (pid, seed, max_tokens) in enumerate(keys):
-        r = by_index.get(i) or {"error": "no result row from the load generator", "success": False}
-        success = bool(r.get("success"))
-        text = r.get("output_text")
-        if text is None and success:
-            text = ""
-        elif not success and not text:
-            text = None  # failed before any text
-        ids = r.get("completion_token_ids")
-        out_rows.append({
-            "prompt_id": pid, "seed": seed, "temperature": float(temperature), "top_p": float(top_p),
-            "max_tokens": max_tokens, "output_text": text, "completion_tokens": r.get("completion_tokens"),
-            "completion_token_ids": None if ids is None else list(ids), "prompt_tokens": r.get("prompt_tokens"),
-            "finish_reason": r.get("finish_reason"), "success": success,
-            "error": None if success else str(r.get("error") or f"unsuccessful (status {r.get('status_code')})"),
-            "output_sha256": text_sha256(text), "output_chars": None if text is None else len(text),
-        })
-    record = {
-        "schema": CAPTURE_SCHEMA,
-        "deployment_id": deployment_id,
-        "arm": arm,
-        "capture_index": int(capture_index),
-        "model": model,
-        "corpus": {"name": corpus.get("name"), "version": corpus.get("version"), "digest": corpus.get("digest")},
-        "sampling": {"temperature": float(temperature), "top_p": float(top_p),
-                     "seed_policy": "same_per_request_across_arms", "seeds": [int(x) for x in seeds]},
-        "times": {"started_at": started, "ended_at": ended},
-        "prompts": out_rows,
-    }
-    schemas.validate(record, "sampled-capture", str(out_path))
-    atomic.write_json(out_path, record)
-    return record
-
-
-# --------------------------------------------------------------------------- per-item statistics
-
-
-def length_difference(tokens_a: int, tokens_b: int) -> float:
-    """|a - b| / max(a, b); 0.0 when both are 0."""
-    longer = max(tokens_a, tokens_b)
-    return 0.0 if longer == 0 else abs(tokens_a - tokens_b) / longer
-
-
-def unigram_tvd(a: Iterable, b: Iterable) -> float:
-    """Total variation distance between the unigram (frequency) distributions of two token sequences."""
-    ca, cb = Counter(a), Counter(b)
-    na, nb = sum(ca.values()), sum(cb.values())
-    if na == 0 and nb == 0:
-        return 0.0
-    if na == 0 or nb == 0:
-        return 1.0
-    return 0.5 * math.fsum(abs(ca[t] / na - cb[t] / nb) for t in ca.keys() | cb.keys())
-
-
-def text_similarity(a: str, b: str) -> float:
-    """1 - character Levenshtein distance / longer length (rapidfuzz); 1.0 when both are empty."""
-    from rapidfuzz.distance import Levenshtein
-
-    if not a and not b:
-        return 1.0
-    return float(Levenshtein.normalized_similarity(a, b))
-
-
-def _units(row: dict, unit: str) -> list:
-    if unit == "token_id":
-        return list(row["completion_token_ids"])
-    return (row.get("output_text") or "").split()
-
-
-def _rows(capture: dict) -> dict[tuple[str, int], dict]:
-    return {(r["prompt_id"], r["seed"]): r for r in capture["prompts"]}
-
-
-def _seeds_by_prompt(capture: dict) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in capture["prompts"]:
-        out.setdefault(r["prompt_id"], []).append(r["seed"])
-    return {p: sorted(s) for p, s in out.items()}
-
-
-def compare_pair(a: dict, b: dict, *, unit: str = "word", pairing: str = "same_seed") -> list[dict]:
-    """Per-item statistics of capture ``a`` against capture ``b``.
-
-    ``pairing``: ``same_seed`` pairs a's (prompt, s) with b's (prompt, s); ``rotated_seed`` pairs it with
-    b's (prompt, next seed of the prompt's sorted seeds in a, cyclically). ``unit``: ``token_id`` or ``word``.
-    """
-    if pairing not in ("same_seed", "rotated_seed"):
-        raise ValueError(f"pairing must be same_seed or rotated_seed, got {pairing!r}")
-    rb = _rows(b)
-    seeds = _seeds_by_prompt(a)
+def _read_cells(paths, phase: str, role: str) -> list[tuple[str, records.CellSummary]]:
     out = []
-    for ra in a["prompts"]:
-        pid, seed = ra["prompt_id"], ra["seed"]
-        partner = seed
-        if pairing == "rotated_seed":
-            ss = seeds[pid]
-            partner = ss[(ss.index(seed) + 1) % len(ss)] if len(ss) > 1 else None
-        item: dict[str, Any] = {"prompt_id": pid, "seed_a": seed, "seed_b": partner, "comparable": False,
-                                "reason": None, "completion_tokens_a": ra.get("completion_tokens"),
-                                "completion_tokens_b": None, **dict.fromkeys(STATISTICS)}
-        row_b = rb.get((pid, partner)) if partner is not None else None
-        if row_b is not None:
-            item["completion_tokens_b"] = row_b.get("completion_tokens")
-        if partner is None:
-            item["reason"] = "one seed only (rotated_seed pairing needs >= 2 seeds per prompt)"
-        elif row_b is None:
-            item["reason"] = f"missing in b (seed {partner})"
-        elif not ra["success"] or not row_b["success"]:
-            item["reason"] = "failed in " + " and ".join(s for s, r in (("a", ra), ("b", row_b)) if not r["success"])
-        if item["reason"]:
-            out.append(item)
-            continue
-        ta, tb = ra.get("output_text") or "", row_b.get("output_text") or ""
-        ca, cb = item["completion_tokens_a"], item["completion_tokens_b"]
-        item.update(comparable=True, text_similarity=text_similarity(ta, tb),
-                    token_tvd=unigram_tvd(_units(ra, unit), _units(row_b, unit)),
-                    length_difference=None if ca is None or cb is None else length_difference(ca, cb))
-        out.append(item)
+    for p in paths or []:
+        cell = records.read_cell_summary(p)
+        if cell.keys.phase != phase:
+            raise SamplingInputError(f"{p}: field 'keys.phase' is {cell.keys.phase!r}; the {role} cell summaries "
+                                     f"must be of phase {phase!r} (pass sampling cells to --cells and confirmation "
+                                     "cells to --greedy-cells)")
+        out.append((str(p), cell))
     return out
 
 
-# --------------------------------------------------------------------------- settings
-
-
-# --------------------------------------------------------------------------- the test
-
-
-def _summary(values: Sequence[float]) -> dict:
-    if not values:
-        return {"n": 0, "mean": None, "median": None, "min": None, "max": None}
-    return {"n": len(values), "mean": math.fsum(values) / len(values), "median": float(statistics.median(values)),
-            "min": min(values), "max": max(values)}
-
-
-def two_sample_test(treatment: Sequence[float], control: Sequence[float], test: str,
-                    harmful: str) -> tuple[float, float, str]:
-    """One-sided declared test that ``treatment`` is worse than ``control``: (statistic, p-value, scipy
-    alternative). ``harmful`` is ``larger`` or ``smaller`` (the treatment's harmful direction)."""
-    from scipy import stats as st
-
-    if test == "mannwhitneyu":
-        alt = "greater" if harmful == "larger" else "less"
-        res = st.mannwhitneyu(treatment, control, alternative=alt)
-    elif test == "ks_2samp":
-        # ks_2samp's alternative is about the CDF of the first sample: a stochastically larger sample has the
-        # lower CDF ("less").
-        alt = "less" if harmful == "larger" else "greater"
-        res = st.ks_2samp(treatment, control, alternative=alt)
-    else:
-        raise ValueError(f"test must be one of {TESTS}, got {test!r}")
-    stat, p = float(res.statistic), float(res.pvalue)
-    if math.isnan(p):  # every value tied (e.g. all identical): no evidence of a difference
-        p = 1.0
-    return stat, p, alt
-
-
-# --------------------------------------------------------------------------- judge
-
-
-def _load_all(items, role: str) -> list[tuple[dict, str]]:
-    out = []
-    for i, item in enumerate(items or []):
-        label = f"<{role}:{i}>" if isinstance(item, dict) else str(item)
-        out.append((load_sampled_capture(item, source=label), label))
+def _read_gates(paths) -> list[tuple[str, records.SamplingGateRecord]]:
+    out, seen = [], {}
+    for p in paths or []:
+        rec = records.read_sampling_gate(p)
+        if rec.arm in seen:
+            raise SamplingInputError(f"{p}: field 'arm' is {rec.arm!r}, already judged in {seen[rec.arm]}; pass one "
+                                     "sampling gate record per arm")
+        seen[rec.arm] = p
+        out.append((str(p), rec))
     return out
 
 
-def _primary(captures: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
-    by_dep: dict[str, tuple[dict, str]] = {}
-    for cap, label in captures:
-        cur = by_dep.get(cap["deployment_id"])
-        if cur is None or cap["capture_index"] < cur[0]["capture_index"]:
-            by_dep[cap["deployment_id"]] = (cap, label)
-    return list(by_dep.values())
+# --------------------------------------------------------------------------- verdicts
 
 
-def _group(captures: list[tuple[dict, str]]) -> dict:
-    arms = sorted({c["arm"] for c, _ in captures})
-    return {"arm": arms[0] if len(arms) == 1 else (",".join(arms) if arms else None),
-            "deployment_ids": sorted({c["deployment_id"] for c, _ in captures}),
-            "captures": [label for _, label in captures]}
-
-
-def _per_prompt(items: list[dict]) -> dict[str, dict[str, float]]:
-    acc: dict[str, dict[str, list[float]]] = {}
-    for it in items:
-        if not it["comparable"]:
+def _verdict_row(path: str, g: records.SamplingGateRecord) -> dict:
+    checks = []
+    for c in g.checks:
+        if c.name not in STATISTICS:
             continue
-        d = acc.setdefault(it["prompt_id"], {s: [] for s in STATISTICS})
-        for s in STATISTICS:
-            if it[s] is not None:
-                d[s].append(it[s])
-    return {p: {s: math.fsum(v) / len(v) for s, v in d.items() if v} for p, d in acc.items()}
+        checks.append({"name": c.name, "test": c.test, "treatment_mean": c.treatment.mean if c.treatment else None,
+                       "control_mean": c.control.mean if c.control else None, "effect": c.effect,
+                       "margin": c.margin, "p_value": c.p_value, "alpha": c.alpha, "significant": c.significant,
+                       "material": c.material, "passed": c.passed})
+    succeeded = next((c.passed for c in g.checks if c.name == "all_requests_succeeded"), None)
+    return {"arm": g.arm, "verdict": g.verdict, "blocks_recommendation": g.blocks_recommendation,
+            "reasons": [{"code": r.code, "detail": r.detail} for r in g.reasons], "claim": g.claim,
+            "unit": g.unit, "n_prompts": g.n_prompts, "all_requests_succeeded": succeeded,
+            "temperature": (g.settings or {}).get("temperature"), "checks": checks, "source": path}
 
 
-def judge(baseline, candidate, control, settings: dict, *, arm: str | None = None, phase: str | None = None,
-          settings_source: str = "sampling settings") -> dict:
-    """Judge a speculative arm's sampled outputs against the baseline's, calibrated by a baseline-vs-baseline control.
+# --------------------------------------------------------------------------- performance
 
-    ``baseline`` / ``candidate`` / ``control``: sampled captures (paths or dicts); ``control`` holds two or
-    more independently launched deployments of one configuration (usually every baseline repeat).
-    ``settings``: the pre-registration's ``sampling`` section. Returns the record (schema ``sampling-gate``).
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not (a > 0 and b > 0):
+        return None
+    return a / b
+
+
+def _figures(cells: list[tuple[str, records.CellSummary]], source: str, excluded: list[dict]) -> dict:
+    """(arm, workload, concurrency) -> {tpot: [...], tps: [...], deployments: set}; exclusions appended."""
+    acc: dict[tuple, dict] = {}
+
+    def exclude(path, cell, scope, reasons):
+        k = cell.keys
+        excluded.append({"source": source, "path": path, "arm": k.arm, "workload": k.workload,
+                         "concurrency": k.concurrency, "rep": k.rep_label or k.rep, "deployment_id": k.deployment_id,
+                         "scope": scope, "codes": [r["code"] for r in reasons],
+                         "detail": "; ".join(r["detail"] for r in reasons)})
+
+    for path, cell in cells:
+        k, v = cell.keys, cell.validity
+        if (k.kind or "repeat") == "drift":
+            exclude(path, cell, "cell", [{"code": "drift_baseline", "detail": "an interleaved drift baseline "
+                                          "deployment: used for the drift analysis only, never compared with arms"}])
+            continue
+        if not v.valid:
+            exclude(path, cell, "cell", [{"code": r.code, "detail": r.detail} for r in v.reasons]
+                    or [{"code": "invalid", "detail": "validity.valid is false"}])
+            continue
+        slot = acc.setdefault((k.arm, k.workload, k.concurrency), {"tpot": [], "tps": [], "deployments": set()})
+        slot["deployments"].add(k.deployment_id or path)
+        codes = [{"code": r.code, "detail": r.detail} for r in v.reasons]
+        tpot_ok = v.tpot_valid if v.tpot_valid is not None else v.throughput_valid
+        tpot = cell.latency_ms.get("tpot")
+        tpot_p50 = tpot.p50 if tpot is not None else None
+        if not tpot_ok:
+            exclude(path, cell, "tpot", codes or [{"code": "tpot_invalid", "detail": "validity.tpot_valid is false"}])
+        elif tpot_p50 is None or not math.isfinite(tpot_p50):
+            exclude(path, cell, "tpot", [{"code": "no_value", "detail": "latency_ms.tpot.p50 is null"}])
+        else:
+            slot["tpot"].append(float(tpot_p50))
+        tps = cell.tokens.output_tokens_per_second
+        if not v.throughput_valid:
+            exclude(path, cell, "throughput", codes or [{"code": "throughput_invalid",
+                                                        "detail": "validity.throughput_valid is false"}])
+        elif tps is None or not math.isfinite(tps):
+            exclude(path, cell, "throughput", [{"code": "no_value",
+                                                "detail": "tokens.output_tokens_per_second is null"}])
+        else:
+            slot["tps"].append(float(tps))
+    return acc
+
+
+def _side(acc: dict, arm: str, workload: str, concurrency: int) -> dict:
+    slot = acc.get((arm, workload, concurrency)) or {"tpot": [], "tps": [], "deployments": set()}
+    base = acc.get(("baseline", workload, concurrency)) or {"tpot": [], "tps": []}
+    tpot, tps = median(slot["tpot"]), median(slot["tps"])
+    is_base = arm == "baseline"
+    return {"n_deployments": len(slot["deployments"]), "n_tpot": len(slot["tpot"]), "n_throughput": len(slot["tps"]),
+            "tpot_p50_ms": tpot, "output_tokens_per_second": tps,
+            "tpot_ratio_to_baseline": None if is_base else _ratio(tpot, median(base["tpot"])),
+            "throughput_ratio_to_baseline": None if is_base else _ratio(tps, median(base["tps"]))}
+
+
+def _arm_order(arm: str) -> tuple:
+    return (arm != "baseline", arm)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summarize(gates: list, cells: list, greedy_cells: list, out_dir: str | os.PathLike, *,
+              temperature: float | None = None) -> dict:
+    """Write ``out_dir/summary.json`` and ``out_dir/section.md`` (the report section); return the summary.
+
+    ``gates``: sampling gate records (one per speculative arm); ``cells``: the sampling phase's cell
+    summaries; ``greedy_cells``: the confirmation phase's cell summaries. ``temperature`` names the section
+    when no gate record carries it (the gates' ``settings.temperature`` otherwise; they must agree).
     """
-    settings = check_sampling(settings, settings_source)
-    base = _load_all(baseline, "baseline")
-    cand = _load_all(candidate, "candidate")
-    ctrl = _load_all(control, "control")
-    reasons: list[dict] = []
+    gate_recs = _read_gates(gates)
+    sampled = _read_cells(cells, SAMPLED_PHASE, "sampling")
+    greedy = _read_cells(greedy_cells, GREEDY_PHASE, "greedy (confirmation)")
+    temps = {t for t in ((g.settings or {}).get("temperature") for _, g in gate_recs) if t is not None}
+    if len(temps) > 1:
+        raise SamplingInputError(f"sampling gate records disagree on field 'settings.temperature' ({sorted(temps)}); "
+                                 "judge every arm with the same pre-registration")
+    temp = temps.pop() if temps else temperature
 
-    def reason(code: str, detail: str) -> None:
-        reasons.append({"code": code, "detail": detail})
-
-    if not base:
-        reason("no_captures", "no baseline capture supplied")
-    if not cand:
-        reason("no_captures", "no candidate capture supplied")
-    base_p, cand_p, ctrl_p = _primary(base), _primary(cand), _primary(ctrl)
-    ctrl_arms = sorted({c["arm"] for c, _ in ctrl_p})
-    if not ctrl_p:
-        reason("no_control", "no baseline-vs-baseline control supplied (sampled captures of two independently "
-               "launched deployments of one configuration, e.g. baseline rep1 and rep2): no control, no verdict")
-    elif len(ctrl_p) < 2:
-        reason("no_control", f"the control has one deployment ({ctrl_p[0][0]['deployment_id']}); it needs two "
-               "independently launched deployments of one configuration")
-    if len(ctrl_arms) > 1:
-        reason("control_mixed_arms", f"control deployments belong to different arms ({', '.join(ctrl_arms)}); a "
-               "control must be deployments of one configuration")
-
-    # identical requests everywhere: same (prompt, seed) keys, same parameters, the declared ones
-    everything = base + cand + ctrl
-    keysets = {frozenset(_rows(c)) for c, _ in everything}
-    if len(keysets) > 1:
-        reason("missing_items", "captures do not all contain the same (prompt_id, seed) requests; every arm must "
-               "send every prompt with the same seeds")
-    params: dict[tuple[str, int], tuple] = {}
-    mismatched: set[str] = set()
-    for cap, label in everything:
-        for r in cap["prompts"]:
-            p = (r["temperature"], r["top_p"], r["max_tokens"])
-            prev = params.setdefault((r["prompt_id"], r["seed"]), p)
-            if prev != p:
-                mismatched.add(f"{label}: {r['prompt_id']} seed {r['seed']} sent {p}, elsewhere {prev}")
-            if abs(r["temperature"] - settings["temperature"]) > 1e-9 or abs(r["top_p"] - settings["top_p"]) > 1e-9:
-                mismatched.add(f"{label}: {r['prompt_id']} seed {r['seed']} sent temperature {r['temperature']}, "
-                               f"top_p {r['top_p']}; pre-registered {settings['temperature']}, {settings['top_p']}")
-    declared = list(range(settings["seeds"]["base"], settings["seeds"]["base"] + settings["seeds"]["per_prompt"]))
-    for cap, label in everything:
-        for pid, seeds in _seeds_by_prompt(cap).items():
-            if seeds != declared:
-                mismatched.add(f"{label}: {pid} sampled with seeds {seeds}; pre-registered {declared} (seeds.base + i)")
-    if mismatched:
-        shown = sorted(mismatched)
-        reason("parameters_mismatch", "requests were not sent with identical, pre-registered parameters: "
-               + "; ".join(shown[:5]) + (f" (+{len(shown) - 5} more)" if len(shown) > 5 else ""))
-
-    has_ids = all(r.get("completion_token_ids") is not None for c, _ in everything for r in c["prompts"] if r["success"])
-    unit = "token_id" if everything and has_ids else "word"
-
-    # treatment: candidate i vs baseline i (cycled), same seed; control: every pair of distinct deployments
-    t_pairs = [(base_p[i % len(base_p)], c) for i, c in enumerate(cand_p)] if base_p else []
-    c_pairs = [(ctrl_p[i], ctrl_p[j]) for i in range(len(ctrl_p)) for j in range(i + 1, len(ctrl_p))]
-    t_by_pair = [compare_pair(x, y, unit=unit, pairing="same_seed") for (x, _), (y, _) in t_pairs]
-    c_by_pair = [compare_pair(x, y, unit=unit, pairing=settings["control_pairing"]) for (x, _), (y, _) in c_pairs]
-    t_items = [it for items in t_by_pair for it in items]
-    c_items = [it for items in c_by_pair for it in items]
-
-    if any(it["reason"] and it["reason"].startswith("one seed only") for it in c_items):
-        reason("control_needs_two_seeds", "rotated_seed control pairing needs >= 2 seeds per prompt in the control "
-               "captures")
-    failed_ctrl = sorted({f"{c['deployment_id']}:{r['prompt_id']}#{r['seed']}" for c, _ in ctrl_p for r in c["prompts"]
-                          if not r["success"]})
-    if failed_ctrl:
-        reason("control_incomplete", f"control requests failed ({', '.join(failed_ctrl[:5])}); the control would "
-               "understate the nondeterminism")
-    if any(it["comparable"] and it["length_difference"] is None for it in t_items + c_items):
-        reason("missing_usage", "compared requests lack a usage record (completion_tokens); length_difference "
-               "cannot be evaluated")
-
-    # test units: (pair, prompt), the mean over the prompt's seeds within one pair, so that both samples average
-    # the same number of requests per value (per-prompt means over 2 treatment pairs vs 1 control pair would
-    # differ in spread under the null, which a distribution test such as ks_2samp detects)
-    t_units = [_per_prompt(items) for items in t_by_pair]
-    c_units = [_per_prompt(items) for items in c_by_pair]
-    t_prompt, c_prompt = _per_prompt(t_items), _per_prompt(c_items)
-    prompts_used = [p for p in dict.fromkeys(it["prompt_id"] for it in t_items) if p in t_prompt and p in c_prompt]
-    if (t_pairs and c_pairs) and len(prompts_used) < settings["min_prompts"]:
-        reason("too_few_prompts", f"{len(prompts_used)} prompts comparable on both sides; the pre-registration "
-               f"requires min_prompts = {settings['min_prompts']}")
-
-    all_ok = all(r["success"] for c, _ in base + cand for r in c["prompts"])
-    checks: list[dict] = []
-    verdict = "no_verdict"
-    if not reasons:
-        n_tests = len(STATISTICS) if settings["correction"] == "bonferroni" else 1
-        alpha = settings["alpha"] / n_tests
-        if not all_ok:
-            failed = sorted({f"{c['arm']}/{c['deployment_id']}:{r['prompt_id']}#{r['seed']}" for c, _ in base + cand
-                             for r in c["prompts"] if not r["success"]})
-            reason("request_failed", f"requests failed: {', '.join(failed[:10])}")
-        checks.append({"name": "all_requests_succeeded", "test": None, "alternative": None, "statistic": None,
-                       "p_value": None, "alpha": None, "treatment": None, "control": None, "effect": None,
-                       "margin": None, "allowance": None, "significant": None, "material": None, "passed": all_ok})
-        for s in STATISTICS:
-            tv = [u[p][s] for u in t_units for p in prompts_used if p in u]
-            cv = [u[p][s] for u in c_units for p in prompts_used if p in u]
-            harmful = "larger" if s in DIVERGENCES else "smaller"
-            stat, p, alt = two_sample_test(tv, cv, settings["test"], harmful)
-            ts, cs = _summary(tv), _summary(cv)
-            margin = float(settings["margins"][s])
-            sign = 1.0 if harmful == "larger" else -1.0
-            effect = sign * (ts["mean"] - cs["mean"])
-            significant, material = p < alpha, effect > margin + EPS
-            passed = not (significant and material)
-            checks.append({"name": s, "test": settings["test"], "alternative": alt, "statistic": stat, "p_value": p,
-                           "alpha": alpha, "treatment": ts, "control": cs, "effect": effect, "margin": margin,
-                           "allowance": cs["mean"] + sign * margin, "significant": significant,
-                           "material": material, "passed": passed})
-            if not passed:
-                reason("exceeds_control", f"{s}: treatment mean {ts['mean']:.4g} vs control mean {cs['mean']:.4g} "
-                       f"(effect {effect:.4g} > margin {margin}; {settings['test']} one-sided p = {p:.3g} < {alpha:.3g})")
-        verdict = "pass" if all(c["passed"] for c in checks) else "fail"
-
-    def lengths(caps):
-        return [float(r["completion_tokens"]) for c, _ in caps for r in c["prompts"]
-                if r["success"] and r["completion_tokens"] is not None]
-
-    def signed(pairs):
-        out = []
-        for (x, _), (y, _) in pairs:
-            ry = _rows(y)
-            for r in x["prompts"]:
-                o = ry.get((r["prompt_id"], r["seed"]))
-                if o and r["success"] and o["success"] and None not in (r["completion_tokens"], o["completion_tokens"]):
-                    out.append(float(o["completion_tokens"] - r["completion_tokens"]))
-        return _summary(out)
-
-    record = {
-        "schema": GATE_SCHEMA,
-        "arm": arm or _group(cand)["arm"],
-        "phase": phase,
-        "verdict": verdict,
-        "reasons": reasons,
-        "blocks_recommendation": verdict == "fail",
-        "claim": {"pass": CLAIM, "fail": CLAIM_FAIL, "no_verdict": CLAIM_NONE}[verdict],
-        "settings": settings,
-        "unit": unit,
-        "baseline": _group(base),
-        "candidate": _group(cand),
-        "treatment": {"n_pairs": len(t_pairs), "pairing": "by_position", "seed_pairing": "same_seed",
-                      "deployment_pairs": [[x["deployment_id"], y["deployment_id"]] for (x, _), (y, _) in t_pairs],
-                      "items": sum(it["comparable"] for it in t_items)},
-        "control": None if not ctrl_p else {
-            **_group(ctrl_p), "n_pairs": len(c_pairs), "n_deployments": len(ctrl_p),
-            "seed_pairing": settings["control_pairing"],
-            "deployment_pairs": [[x["deployment_id"], y["deployment_id"]] for (x, _), (y, _) in c_pairs],
-            "items": sum(it["comparable"] for it in c_items)},
-        "n_prompts": len(prompts_used),
-        "checks": checks,
-        "lengths": {"baseline": _summary(lengths(base_p)), "candidate": _summary(lengths(cand_p)),
-                    "signed_shift_treatment": signed(t_pairs), "signed_shift_control": signed(c_pairs)},
-        "prompts": [{"prompt_id": p, "treatment": t_prompt[p], "control": c_prompt[p]} for p in prompts_used],
+    excluded: list[dict] = []
+    s_acc = _figures(sampled, SAMPLED_PHASE, excluded)
+    g_acc = _figures(greedy, GREEDY_PHASE, excluded)
+    # rows: every configuration the sampling phase measured (valid or not); greedy figures beside them
+    keys = sorted({(c.keys.arm, c.keys.workload, c.keys.concurrency) for _, c in sampled},
+                  key=lambda k: (k[1], k[2], _arm_order(k[0])))
+    rows = [{"arm": a, "workload": w, "concurrency": c, "sampled": _side(s_acc, a, w, c),
+             "greedy": _side(g_acc, a, w, c)} for a, w, c in keys]
+    shown = set(keys)
+    greedy_not_shown = sorted({(c.keys.arm, c.keys.workload, c.keys.concurrency) for _, c in greedy} - shown)
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "phase": SAMPLED_PHASE,
+        "temperature": temp,
+        "never_pooled": NOT_POOLED,
+        "pass_means": PASS_MEANS,
+        "verdicts": sorted((_verdict_row(p, g) for p, g in gate_recs), key=lambda r: _arm_order(r["arm"] or "")),
+        "performance": rows,
+        "excluded": excluded,
+        "greedy_configurations_not_in_sampling": [{"arm": a, "workload": w, "concurrency": c}
+                                                  for a, w, c in greedy_not_shown],
+        "inputs": {"gates": [p for p, _ in gate_recs], "cells": [p for p, _ in sampled],
+                   "greedy_cells": [p for p, _ in greedy]},
         "definitions": DEFINITIONS,
     }
-    schemas.validate(record, "sampling-gate", "<sampling gate record>")
-    return record
+    out = Path(out_dir)
+    schemas.validate(summary, "sampling-summary", str(out / "summary.json"))
+    atomic.write_json(out / "summary.json", summary)
+    atomic.write_text(out / "section.md", markdown(summary))
+    return summary
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _f(v: Any, nd: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 10 ** -nd or abs(v) >= 1e6):
+            return f"{v:.{nd}g}"
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def markdown(summary: dict) -> str:
+    temp = summary["temperature"]
+    title = f"Sampling (temperature {temp:g})" if temp is not None else "Sampling (temperature > 0)"
+    lines = [f"## {title}", "",
+             f"**Kept apart from the greedy study.** {summary['never_pooled']}", "",
+             f"A `pass` means: {summary['pass_means']}. A `fail` blocks the recommendation until explained. "
+             "`no_verdict` is never a pass.", "",
+             "### Verdicts", ""]
+    if not summary["verdicts"]:
+        lines += ["No sampling gate record was supplied: no arm has a sampling verdict.", ""]
+    for v in summary["verdicts"]:
+        lines.append(f"- **{v['arm']}: {v['verdict']}** ({v['n_prompts']} prompts, token statistic over "
+                     f"{'token ids' if v['unit'] == 'token_id' else 'words'}; all requests succeeded: "
+                     f"{_f(v['all_requests_succeeded'])}). {v['claim']}")
+        for r in v["reasons"]:
+            lines.append(f"  - `{r['code']}`: {_cell(r['detail'])}")
+    rows = [(v["arm"], c) for v in summary["verdicts"] for c in v["checks"]]
+    if rows:
+        lines += ["", "| arm | statistic | treatment mean | control mean | effect | margin | p-value | corrected alpha "
+                  "| significant | material | passed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for arm, c in rows:
+            lines.append(f"| {arm} | {c['name']} | {_f(c['treatment_mean'], 4)} | {_f(c['control_mean'], 4)} | "
+                         f"{_f(c['effect'], 4)} | {_f(c['margin'], 4)} | {_f(c['p_value'], 3)} | {_f(c['alpha'], 4)} | "
+                         f"{_f(c['significant'])} | {_f(c['material'])} | {_f(c['passed'])} |")
+        lines += ["", "Effect: treatment mean − control mean for `length_difference` and `token_tvd`, control mean − "
+                  "treatment mean for `text_similarity` (positive = the candidate diverges more). A statistic fails "
+                  "only when p < corrected alpha and effect > margin."]
+    lines += ["", "### Performance at this temperature beside greedy", "",
+              "Median over deployments (valid cells only). Ratio = arm median / baseline median of the same phase, "
+              "workload and concurrency (TPOT: < 1 is faster; tokens/s: > 1 is faster). The greedy columns are the "
+              "confirmation phase's cells, for reference; nothing is pooled.", ""]
+    perf = summary["performance"]
+    if not perf:
+        lines += ["No sampling-phase cell summary was supplied.", ""]
+    else:
+        lines += ["| workload | c | arm | n (sampled) | TPOT p50 ms | TPOT / baseline | out tok/s | tok/s / baseline "
+                  "| n (greedy) | greedy TPOT p50 ms | greedy TPOT / baseline | greedy out tok/s | "
+                  "greedy tok/s / baseline |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in perf:
+            s, g = r["sampled"], r["greedy"]
+            lines.append(f"| {r['workload']} | {r['concurrency']} | {r['arm']} | {s['n_deployments']} | "
+                         f"{_f(s['tpot_p50_ms'], 2)} | {_f(s['tpot_ratio_to_baseline'], 3)} | "
+                         f"{_f(s['output_tokens_per_second'], 1)} | {_f(s['throughput_ratio_to_baseline'], 3)} | "
+                         f"{g['n_deployments']} | {_f(g['tpot_p50_ms'], 2)} | {_f(g['tpot_ratio_to_baseline'], 3)} | "
+                         f"{_f(g['output_tokens_per_second'], 1)} | {_f(g['throughput_ratio_to_baseline'], 3)} |")
+    exc = summary["excluded"]
+    lines += ["", "### Excluded cells and figures", ""]
+    if not exc:
+        lines.append("None: every supplied cell counted.")
+    else:
+        lines += ["| phase | arm | rep | workload | c | deployment | left out | reason codes | detail |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for e in exc:
+            lines.append(f"| {e['source']} | {e['arm']} | {e['rep']} | {e['workload']} | {e['concurrency']} | "
+                         f"{e['deployment_id'] or '—'} | {e['scope']} | {', '.join(e['codes'])} | "
+                         f"{_cell(e['detail'])[:200]} |")
+    if summary["greedy_configurations_not_in_sampling"]:
+        n = len(summary["greedy_configurations_not_in_sampling"])
+        lines += ["", f"{n} greedy configuration(s) (arm x workload x concurrency) were not measured in the sampling "
+                  "phase and are not shown (listed in summary.json)."]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the judge from deployment records
+
+
+def _one_line(exc: Exception) -> str:
+    return str(exc).replace(":\n  - ", ": ").replace("\n  - ", "; ").replace("\n", " ")
+
+
+def captures_of(paths: list[str]) -> list[str]:
+    """Sampled captures from ``paths``: a deployment record stands for the capture it names (one without a
+    capture is left out, with a note); any other file is taken as a capture."""
+    import sys
+
+    from specstudy.core.capture_file import is_deployment_record, read_capture_json
+
+    caps = []
+    for path in paths:
+        if not is_deployment_record(read_capture_json(path, SamplingInputError)):
+            caps.append(path)
+            continue
+        rec = records.read_deployment(path)
+        cap = rec.extension.sampled_capture if rec.extension is not None else None
+        if cap and Path(cap).exists():
+            caps.append(cap)
+        else:
+            print(f"note: {path}: no sampled capture ({'status ' + rec.status}); left out of the judge", file=sys.stderr)
+    return caps
+
+
+def judge_arm(baseline: list[str], candidate: list[str], prereg: str, arm: str, out: str | Path, *,
+              control: list[str] | None = None, phase: str = SAMPLED_PHASE) -> dict:
+    """The sampling judge of one arm, written to ``out``. ``baseline``, ``candidate``, ``control`` (default: the
+    baseline): sampled captures or the deployment records that name them."""
+    from specstudy.phases.sampling_judge import judge
+    from specstudy.study.config import ConfigError
+    from specstudy.study.prereg import load_sampling_settings
+
+    try:  # a missing or bad section names the file and the field, on one line
+        settings = load_sampling_settings(prereg)
+    except SamplingInputError as exc:
+        raise SamplingInputError(_one_line(exc)) from None
+    except ConfigError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    base = captures_of(baseline)
+    rec = judge(base, captures_of(candidate), captures_of(control) if control else base, settings, arm=arm,
+                phase=phase, settings_source=str(prereg))
+    schemas.validate(rec, "sampling-gate", str(out))
+    atomic.write_json(out, rec)
+    return rec
+
+
+# --------------------------------------------------------------------------- the phase
+
+
+@register_phase
+class SamplingPhase(Phase):
+    name = "sampling"
+
+    def spec_extras(self, design: dict, dirs: dict[str, str]) -> dict:
+        cap = design.get("capture")
+        return {"sampled_capture": dict(cap, corpus_dir=dirs[cap["workload"]])} if cap else {}
+
+    def after_smoke(self, job) -> None:
+        """Every capture prompt x every pre-registered seed at the sampling temperature."""
+        sc = job.spec.get("sampled_capture")
+        if not sc:
+            return
+        from specstudy.inputs import corpus as corpusmod
+        from specstudy.phases.sampling_capture import capture_sampled
+
+        job.stage = "sampled_capture"
+        prompts = corpusmod.load_prompts(sc["corpus_dir"])[: int(sc["prompts"])]
+        corpus = corpus_ref(atomic.read_json(Path(sc["corpus_dir"]) / "corpus.json"))
+        path = job.attempt / "sampling" / "capture.json"
+        job.progress.phase("sampled_capture", f"{len(prompts)} prompts x {len(sc['seeds'])} seeds")
+        capture_sampled(job.server.base_url, job.served, prompts, path, seeds=list(sc["seeds"]),
+                        temperature=float(sc["temperature"]), top_p=float(sc["top_p"]),
+                        concurrency=int(sc["concurrency"]), deployment_id=job.deployment_id,
+                        arm=job.arm["name"], corpus=corpus, api_key=job.eng.get("api_key"),
+                        request_timeout_s=float(job.settings.get("request_timeout_s", 600)))
+        job.progress.end_phase()
+        job.extension["sampled_capture"] = str(path)
+
+    def summarize(self, run) -> dict:
+        # The judge of every speculative arm, here in the summary step: it reads only the planned deployments'
+        # records (their captures), and the summary is then never built without the verdicts.
+        arms = sorted({d["arm"] for d in run.deployments if d["arm"] != "baseline"})
+        base = [d["record_path"] for d in run.deployments if d["arm"] == "baseline" and d["record"] is not None]
+        gates = []
+        for arm in arms:
+            cand = [d["record_path"] for d in run.deployments if d["arm"] == arm and d["record"] is not None]
+            gate = run.out / "gates" / f"{arm}.json"
+            rec = judge_arm(base, cand, run.prereg_file, arm, gate)
+            print(f"sampling gate {arm}: {rec['verdict']}" + "".join(f"\n  - {r['code']}: {r['detail']}"
+                                                                     for r in rec.get("reasons", [])))
+            gates.append(str(gate))
+        return summarize(gates, run.cells, run.confirm_cells(), run.out,
+                         temperature=(run.prereg.get("sampling") or {}).get("temperature"))
+
+    def add_tools(self, sub) -> None:
+        k = sub.add_parser("capture", help="sampled capture (every prompt x every pre-registered seed) against a server")
+        k.add_argument("--base-url", required=True)
+        k.add_argument("--model", required=True, help="served model name")
+        k.add_argument("--prompts", required=True, help="prompts.jsonl (rows with prompt_id, messages, max_tokens)")
+        k.add_argument("--corpus", help="corpus.json (name, version, digest)")
+        k.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+        k.add_argument("--prereg", required=True, help="pre-registration YAML (its sampling section)")
+        k.add_argument("--concurrency", type=int, default=1)
+        k.add_argument("--deployment-id", required=True)
+        k.add_argument("--arm", required=True)
+        k.add_argument("--capture-index", type=int, default=1)
+        k.add_argument("--api-key-env", help="name of the environment variable holding the API key")
+        k.add_argument("--out", required=True)
+        k.set_defaults(func=_cmd_capture)
+
+        j = sub.add_parser("judge", help="judge a speculative arm's sampled outputs against a baseline-vs-baseline "
+                           "control (the phase's summary runs it for every arm)")
+        j.add_argument("--baseline", nargs="+", required=True, metavar="FILE",
+                       help="baseline sampled captures, or the deployment records naming them")
+        j.add_argument("--candidate", nargs="+", required=True, metavar="FILE",
+                       help="the arm's sampled captures, or its deployment records")
+        j.add_argument("--control", nargs="*", default=[], metavar="FILE",
+                       help="control captures (two or more baseline deployments); default: the baseline ones")
+        j.add_argument("--prereg", required=True, help="pre-registration YAML (its sampling section)")
+        j.add_argument("--arm", required=True, help="name of the speculative arm")
+        j.add_argument("--phase", default=SAMPLED_PHASE, help="recorded phase (default: sampling)")
+        j.add_argument("--out", required=True, help="sampling gate record to write")
+        j.set_defaults(func=_cmd_judge)
+
+
+def _cmd_judge(args) -> int:
+    rec = judge_arm(args.baseline, args.candidate, args.prereg, args.arm, args.out, control=args.control,
+                    phase=args.phase)
+    why = "; ".join(r["code"] for r in rec["reasons"])
+    print(f"sampling {rec['arm']}: {rec['verdict']}" + (f" ({why})" if why else "") + f" -> {args.out}")
+    return 0
+
+
+def _cmd_capture(args) -> int:
+    from specstudy.phases.sampling_capture import capture_sampled
+    from specstudy.study.prereg import load_sampling_settings
+
+    try:
+        settings = load_sampling_settings(args.prereg)
+    except SamplingInputError as exc:
+        raise SamplingInputError(_one_line(exc)) from None
+    prompts = atomic.read_jsonl(args.prompts)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    corpus = (atomic.read_json(args.corpus) if args.corpus else
+              {"name": Path(args.prompts).parent.parent.name, "version": Path(args.prompts).parent.name, "digest": None})
+    seeds = [settings["seeds"]["base"] + i for i in range(settings["seeds"]["per_prompt"])]
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    rec = capture_sampled(args.base_url, args.model, prompts, args.out, seeds=seeds,
+                          temperature=settings["temperature"], top_p=settings["top_p"], concurrency=args.concurrency,
+                          deployment_id=args.deployment_id, arm=args.arm, corpus=corpus,
+                          capture_index=args.capture_index, api_key=api_key)
+    ok = sum(r["success"] for r in rec["prompts"])
+    print(f"sampled capture: {ok}/{len(rec['prompts'])} requests succeeded -> {args.out}")
+    return 0

@@ -5,7 +5,7 @@
 - :mod:`.prereg_guard` — the pre-registration lock, checked at every parse;
 - :mod:`.selection_lock` — the selection locked by the confirmation plan, and its verification;
 - :mod:`.template_args` — per-workload chat-template switches;
-- :mod:`.extensions` — the opt-in phases' declarations (config, checks, designs);
+- :mod:`.phase_decl` — every phase declared once (core and opt-in): target, kind, label, checks, design;
 - :mod:`.engine_methods` — the recorded probe of which speculative methods the engine serves;
 - :mod:`.plan` — the factorial of deployments and cells, and their counterbalanced order;
 - :mod:`.cost` and :mod:`.duty` — the study's cost preview and the duty cycle it is estimated from;

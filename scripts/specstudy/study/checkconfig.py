@@ -14,13 +14,13 @@ from pathlib import Path
 
 def check(path: str | Path, profile: str | Path | None = None, results: str | Path | None = None) -> list[str]:
     from specstudy.inputs.corpus import load_spec
-    from specstudy.study import extensions, preflight
+    from specstudy.study import phase_decl, preflight
     from specstudy.study.config import load_config
     from specstudy.study.prereg import load_prereg, prereg_path
 
     cfg = load_config(path)
     prereg = load_prereg(cfg)
-    extensions.check(cfg, prereg, str(path))
+    phase_decl.check(cfg, prereg, str(path))
     if profile:
         from specstudy.study.cost import profile_info
 

@@ -27,14 +27,13 @@ from pathlib import Path
 from specstudy.core.arms import ARM_PATTERN, arm_name
 from specstudy.core.atomic import sha256_file
 from specstudy.study.config import ConfigError
-from specstudy.study.extensions import PHASES as EXTENSION_PHASES
+from specstudy.study.phase_decl import CORE_PHASES, DECLS, PHASES
 from specstudy.study.prereg import load_prereg, prereg_path
 
-__all__ = ["ARM_PATTERN", "arm_name"]  # re-exported: rules/common.smk reads plan.ARM_PATTERN
+# re-exported: rules/common.smk reads plan.ARM_PATTERN; the phases are declared in specstudy.study.phase_decl
+__all__ = ["ARM_PATTERN", "CORE_PHASES", "PHASES", "arm_name"]
 REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
 WORKLOAD_PATTERN = r"[a-z][a-z0-9_]*"
-CORE_PHASES = ("screen", "confirm")
-PHASES = CORE_PHASES + EXTENSION_PHASES
 
 
 def _engine_refusal(cfg: dict, method: str) -> str | None:
@@ -119,19 +118,11 @@ def _rng(seed: int, *parts) -> random.Random:
 
 
 def phase_design(cfg: dict, phase: str, prereg: dict | None = None) -> dict:
-    if phase in EXTENSION_PHASES:
-        from specstudy.study import extensions
-
-        return extensions.design(cfg, phase, prereg if prereg is not None else load_prereg(cfg))
-    if phase == "screen":
-        return {"concurrency": list(cfg["screen"]["concurrency"]), "repeats": int(cfg["screen"]["repeats"])}
-    prereg = prereg if prereg is not None else load_prereg(cfg)
-    conf = prereg["confirmation"]
-    initial = int(conf["repeats"])
-    cap = int((conf.get("stopping") or {}).get("max_repeats", initial))
-    # The plan holds every round up to the pre-registered cap; rounds after `repeats` run only when
-    # the checkpoint of the round before asks for them (docs/report.md: adaptive confirmation).
-    return {"concurrency": list(conf["concurrency"]), "repeats": initial, "max_repeats": max(cap, initial)}
+    """The design the phase's declaration (:data:`specstudy.study.phase_decl.DECLS`) records in its plan."""
+    decl = DECLS[phase]
+    if prereg is None and decl.needs_prereg:
+        prereg = load_prereg(cfg)
+    return decl.design(cfg, prereg)
 
 
 def drift_cell(cfg: dict, phase: str = "screen", prereg: dict | None = None) -> dict:
@@ -169,7 +160,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     else:
         chosen = [a for a in every if a["servable"]]
     skipped = [{"arm": a["name"], "reason": a["skip_reason"]} for a in every if not a["servable"]]
-    extension = phase in EXTENSION_PHASES
+    extension = DECLS[phase].extension
     workloads = list(design["workloads"]) if extension else list(cfg["corpora"]["workloads"])
     plan_cfg = cfg.get("plan") or {}
     blocks = 1 if extension else int(plan_cfg.get("blocks", 1))

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.atomic import sha256_file
-from specstudy.study import cost
+from specstudy.study import cost, phase_decl
 from specstudy.study.config import ConfigError, load_config
-from specstudy.study.extensions import PHASES as EXTENSION_PHASES
 from specstudy.study.plan import PHASES, make_plan, prereg_lock
 from specstudy.study.prereg import load_prereg
 
@@ -39,13 +38,11 @@ def _cmd_plan(args) -> int:
             print(f"error: {exc}")
             return 2
         arms = sel["confirmation_arms"]
-    if args.phase in EXTENSION_PHASES:
-        from specstudy.study import extensions
-
+    if phase_decl.DECLS[args.phase].extension:
         confirm_arms = None
         if args.arms_from:
             confirm_arms = [a["name"] for a in atomic.read_json(args.arms_from)["arms"]]
-        arms = extensions.arm_names(cfg, confirm_arms)
+        arms = phase_decl.arm_names(cfg, confirm_arms)
     plan = make_plan(cfg, args.phase, arms)
     plan["corpora"] = {}
     for path in args.corpora or []:
