@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from specstudy.core.stat_util import median  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
 from specstudy.deployment import launchlog, readiness, utcnow  # noqa: E402
 from specstudy.deployment.launchlog import STARTUP_PHASES  # noqa: E402
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             ph = r["phases"]
             print(f"{kind:<5} ready {r['ready_s']:6.1f} s | " + " ".join(f"{p} {_fmt(ph.get(p))}" for p in STARTUP_PHASES)
                   + f" | log clock {r['log_clock']}", flush=True)
-    med = {k: statistics.median(r["ready_s"] for r in runs if r["kind"] == k) for k in ("bare", "study")}
-    phase_med = {k: {p: (statistics.median(vals) if (vals := [r["phases"][p] for r in runs if r["kind"] == k
+    med = {k: median(r["ready_s"] for r in runs if r["kind"] == k) for k in ("bare", "study")}
+    phase_med = {k: {p: (median(vals) if (vals := [r["phases"][p] for r in runs if r["kind"] == k
                                                              and r["phases"].get(p) is not None]) else None)
                      for p in STARTUP_PHASES} for k in ("bare", "study")}
     ratio = med["study"] / med["bare"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 from specstudy.core.stat_util import median
@@ -85,7 +84,7 @@ def measured(results: str | Path) -> dict:
                 drains.append(float(d))
     return {"deployments": len(recs), "startup_s": median(startup), "smoke_s": median(smoke),
             "stop_s": median(stop), "capacity_search_s": median(cap), "drain_s": median(drains),
-            "seconds_per_request": {c: statistics.median(v) for c, v in sorted(per_req.items())},
+            "seconds_per_request": {c: median(v) for c, v in sorted(per_req.items())},
             "n": {"startup": len(startup), "smoke": len(smoke), "stop": len(stop), "capacity": len(cap),
                   "cells": sum(len(v) for v in per_req.values()), "drain": len(drains)}}
 
