@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from specstudy.core.stat_util import median  # noqa: E402
+from specstudy.core.timestamps import utc_now  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
-from specstudy.deployment import launchlog, readiness, utcnow  # noqa: E402
+from specstudy.deployment import launchlog, readiness  # noqa: E402
 from specstudy.deployment.launchlog import STARTUP_PHASES  # noqa: E402
 from specstudy.job.spec import engine_flat  # noqa: E402
 from specstudy.study import config as configmod  # noqa: E402
@@ -93,7 +94,7 @@ def bare_start(engine: dict, workdir: Path, kv_space_gib: str) -> dict:
     argv = bare_argv(engine, port, served)
     log_path = workdir / f"bare-{time.monotonic_ns()}.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=kv_space_gib, PYTHONUNBUFFERED="1")
-    started_at = utcnow()
+    started_at = utc_now()
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -52,6 +52,7 @@ from specstudy.core.records import (
     read_gate,
     to_record,
 )
+from specstudy.core.timestamps import to_unix
 from specstudy.deployment.launchlog import STARTUP_PHASES
 from specstudy.study.plan import CORE_PHASES
 
@@ -286,24 +287,6 @@ def _str(v: Any) -> str | None:
     if isinstance(v, str):
         return v
     return json.dumps(v, sort_keys=True, default=str)
-
-
-def to_unix(v: Any) -> float | None:
-    """Seconds since the epoch from a number or an ISO-8601 string; ``None`` when unknown."""
-    f = _num(v)
-    if f is not None:
-        return f
-    if isinstance(v, str):
-        from datetime import UTC, datetime
-
-        try:
-            dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return dt.timestamp()
-    return None
 
 
 def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:

@@ -23,8 +23,6 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 
 class DeploymentError(RuntimeError):
     """A deployment could not be built, started or made ready; ``stage`` and ``reason`` classify it."""
@@ -35,6 +33,3 @@ class DeploymentError(RuntimeError):
         self.reason = reason
         self.exit_code = exit_code
 
-
-def utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

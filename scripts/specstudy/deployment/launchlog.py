@@ -12,6 +12,8 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from specstudy.core import timestamps
+
 CONFOUNDS_SCHEMA = "specstudy.confounds/1"
 
 _PREFIX_RE = re.compile(r"^(?:\((?P<proc>[^)]*?) pid=(?P<pid>\d+)\)\s+)?(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
@@ -251,16 +253,6 @@ STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", 
 _LAUNCH_RE = re.compile(r"^# specstudy launch (\S+?):? ")
 
 
-def _parse_utc(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    try:
-        dt = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
 def _log_time(ts: str, year: int, offset_s: float) -> datetime:
     """A vLLM ``MM-DD HH:MM:SS`` stamp (the server's local time, no year) as UTC."""
     from datetime import timedelta
@@ -298,7 +290,7 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
     lines = log_text.splitlines()
     if launch is None and lines and (m := _LAUNCH_RE.match(lines[0])):
         launch = m.group(1)
-    t0, t_ready = _parse_utc(launch), _parse_utc(ready)
+    t0, t_ready = timestamps.parse(launch), timestamps.parse(ready)
     c = confounds or parse_launch_log(log_text)
     first = core = loaded = init = weights_at = None
     for raw in lines:
