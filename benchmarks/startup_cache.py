@@ -82,7 +82,7 @@ def start_once(engine: dict, label: str, *, eager: bool, cache_dir: Path, reques
     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
     conf = launchlog.parse_launch_log(log_text)
     comp = conf.get("compilation") or {}
-    startup = launchlog.startup_phases(log_text, ready=server.ready_at, confounds=conf,
+    startup = launchlog.startup_steps(log_text, ready=server.ready_at, confounds=conf,
                                     cache="cold" if files_before == 0 else "warm")
     return {"label": label, "eager": eager, "cache_files_before": files_before, "ready_s": round(ready_s, 2),
             "ready_probe_s": ready["seconds"], "model_loading_s": (conf.get("model_loading") or {}).get("seconds"),

@@ -16,7 +16,7 @@ cell with the pre-registered consequence (``confounds.jit_in_window`` of the pre
   (``specstudy rerun <summary path>``) measures it again on a fresh server.
 
 vLLM's stamps are the server's local time with one-second resolution (truncated) and no year or zone: the
-log's clock is the one :func:`specstudy.deployment.launchlog.startup_phases` aligned to ours
+log's clock is the one :func:`specstudy.deployment.launchlog.startup_steps` aligned to ours
 (``log_clock``: ``utc`` or ``utc±Hh``). A stamp ``s`` means a time in ``[s, s + 1)``; the event counts as
 inside the window when that second overlaps it (a conservative mark: it may have fallen just outside).
 """

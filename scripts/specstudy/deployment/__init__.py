@@ -12,7 +12,7 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
 - :mod:`.readiness` — :func:`~.readiness.wait_ready`, the :class:`~.readiness.IdleWatchdog`,
   :func:`~.readiness.stop_on_signals`;
 - :mod:`.launchlog` — the engine's own log: confounds (:func:`~.launchlog.parse_launch_log`),
-  start-up phases, error excerpts and failure classification;
+  start-up steps, error excerpts and failure classification;
 - :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
 - :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
 - :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);

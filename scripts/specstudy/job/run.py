@@ -490,7 +490,7 @@ def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
     consequence = jit.consequence_of(job.lock.get("content"))
     try:
         log_text = jit.read_log(log_path)
-        clock = launchlog.startup_phases(log_text, ready=job.times.get("ready"))["log_clock"]
+        clock = launchlog.startup_steps(log_text, ready=job.times.get("ready"))["log_clock"]
         found = jit.apply(summary, log_text, clock, consequence)
     except Exception:  # the check must never lose a measured cell
         traceback.print_exc()
@@ -534,7 +534,7 @@ def _stop(job: _Job) -> None:
     if log_text:
         job.confounds = launchlog.parse_launch_log(log_text)
         info = getattr(job.server, "launch_info", None) or {}
-        job.startup = launchlog.startup_phases(log_text, ready=job.times["ready"], confounds=job.confounds,
+        job.startup = launchlog.startup_steps(log_text, ready=job.times["ready"], confounds=job.confounds,
                                                cache=(info.get("compile_cache") or {}).get("state"))
     try:
         job.provenance = provenance.collect_provenance(
