@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 
 from specstudy.core.stat_util import median
+from specstudy.core.timestamps import to_unix
 from specstudy.study import plan as planmod
 from specstudy.study.plan import CORE_PHASES, request_counts
 
@@ -57,7 +58,7 @@ def measured(results: str | Path) -> dict:
     recs = duty.records(results) if results.exists() else []
     for rec in recs:
         t = rec.get("times") or {}
-        t0, tr = duty._t(t.get("start")), duty._t(t.get("ready"))
+        t0, tr = to_unix(t.get("start")), to_unix(t.get("ready"))
         if rec.get("status") == "ok" and t0 is not None and tr is not None and tr >= t0:
             startup.append(tr - t0)
         s = duty.split(rec) if rec.get("phases") else None
