@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -353,7 +352,9 @@ def main(argv=None) -> int:
         server.terminate()
         server.wait(timeout=10)
 
-    def agg(kind: str, i: int, key: str, how=statistics.median):
+    from specstudy.core.stat_util import median
+
+    def agg(kind: str, i: int, key: str, how=median):
         vals = [rep[i][key] for rep in results[kind] if rep[i].get(key) is not None]
         return how(vals) if vals else None
 

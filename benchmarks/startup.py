@@ -12,7 +12,7 @@ third of its deployment time), so the start-up is the first thing to cut. This b
    port, the context length and the KV-cache size, which a shared 2-core machine needs bounded) and waits for it
    with the same readiness check.
 
-For each start it prints the phases from the launch log's timestamps (:func:`launchlog.startup_phases`:
+For each start it prints the phases from the launch log's timestamps (:func:`launchlog.startup_steps`:
 ``import`` = launch -> first vLLM line, the API server's imports; ``api_server`` -> first engine-core line,
 argument resolution and the engine-core process's imports; ``engine_start``; ``weights`` = model load;
 ``compile``/``graph_capture`` (0 when eager); ``engine_init`` = profile + KV-cache init + warm-up; ``ready`` =
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from specstudy.core.stat_util import median  # noqa: E402
+from specstudy.core.timestamps import utc_now  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
-from specstudy.deployment import launchlog, readiness, utcnow  # noqa: E402
-from specstudy.deployment.launchlog import STARTUP_PHASES  # noqa: E402
+from specstudy.deployment import launchlog, readiness  # noqa: E402
+from specstudy.deployment.launchlog import STARTUP_STEPS  # noqa: E402
 from specstudy.job.spec import engine_flat  # noqa: E402
 from specstudy.study import config as configmod  # noqa: E402
 
@@ -59,7 +60,7 @@ def time_import(module: str, python: str = sys.executable) -> float:
 def _phases(log_path: Path, launch: str | None, ready: str | None) -> dict:
     text = log_path.read_text(encoding="utf-8", errors="replace")
     conf = launchlog.parse_launch_log(text)
-    return launchlog.startup_phases(text, launch=launch, ready=ready, confounds=conf)
+    return launchlog.startup_steps(text, launch=launch, ready=ready, confounds=conf)
 
 
 def study_start(engine: dict, workdir: Path) -> dict:
@@ -93,7 +94,7 @@ def bare_start(engine: dict, workdir: Path, kv_space_gib: str) -> dict:
     argv = bare_argv(engine, port, served)
     log_path = workdir / f"bare-{time.monotonic_ns()}.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=kv_space_gib, PYTHONUNBUFFERED="1")
-    started_at = utcnow()
+    started_at = utc_now()
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -146,16 +147,16 @@ def main(argv: list[str] | None = None) -> int:
             r = bare_start(engine, workdir, args.kv_space_gib) if kind == "bare" else study_start(engine, workdir)
             runs.append(r)
             ph = r["phases"]
-            print(f"{kind:<5} ready {r['ready_s']:6.1f} s | " + " ".join(f"{p} {_fmt(ph.get(p))}" for p in STARTUP_PHASES)
+            print(f"{kind:<5} ready {r['ready_s']:6.1f} s | " + " ".join(f"{p} {_fmt(ph.get(p))}" for p in STARTUP_STEPS)
                   + f" | log clock {r['log_clock']}", flush=True)
-    med = {k: statistics.median(r["ready_s"] for r in runs if r["kind"] == k) for k in ("bare", "study")}
-    phase_med = {k: {p: (statistics.median(vals) if (vals := [r["phases"][p] for r in runs if r["kind"] == k
+    med = {k: median(r["ready_s"] for r in runs if r["kind"] == k) for k in ("bare", "study")}
+    phase_med = {k: {p: (median(vals) if (vals := [r["phases"][p] for r in runs if r["kind"] == k
                                                              and r["phases"].get(p) is not None]) else None)
-                     for p in STARTUP_PHASES} for k in ("bare", "study")}
+                     for p in STARTUP_STEPS} for k in ("bare", "study")}
     ratio = med["study"] / med["bare"]
     print(f"\nmedian ready: study {med['study']:.1f} s, bare {med['bare']:.1f} s; study/bare {ratio:.2f}")
     print("median phases (s):  " + "  ".join(f"{p}: study {_fmt(phase_med['study'][p]).strip()} / bare "
-                                             f"{_fmt(phase_med['bare'][p]).strip()}" for p in STARTUP_PHASES))
+                                             f"{_fmt(phase_med['bare'][p]).strip()}" for p in STARTUP_STEPS))
     out = {"config": args.config, "imports_s": imports, "python_alone_s": baseline_interp, "runs": runs,
            "median_ready_s": med, "median_phases_s": phase_med, "ratio_study_to_bare": round(ratio, 3),
            "bare_kv_space_gib": args.kv_space_gib}

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from autogroup import bench_requests  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
+from specstudy.core.stat_util import median  # noqa: E402
 from specstudy.deployment import launch as server_launch  # noqa: E402
 from specstudy.deployment import launchlog, readiness  # noqa: E402
 from specstudy.job.spec import engine_flat  # noqa: E402
@@ -82,14 +82,14 @@ def start_once(engine: dict, label: str, *, eager: bool, cache_dir: Path, reques
     log_text = (attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
     conf = launchlog.parse_launch_log(log_text)
     comp = conf.get("compilation") or {}
-    startup = launchlog.startup_phases(log_text, ready=server.ready_at, confounds=conf,
+    startup = launchlog.startup_steps(log_text, ready=server.ready_at, confounds=conf,
                                     cache="cold" if files_before == 0 else "warm")
     return {"label": label, "eager": eager, "cache_files_before": files_before, "ready_s": round(ready_s, 2),
             "ready_probe_s": ready["seconds"], "model_loading_s": (conf.get("model_loading") or {}).get("seconds"),
             "engine_init_s": conf.get("engine_init_seconds"),
             "compile_s": comp.get("torch_compile_seconds"), "graph_capture_s": comp.get("graph_capture_seconds"),
             "compile_cache": comp.get("compile_cache"), "startup_phases": startup.get("phases"),
-            "tpot_p50_ms": round(statistics.median(r["tpot_ms"] for r in ok), 3) if ok else None,
+            "tpot_p50_ms": round(median(r["tpot_ms"] for r in ok), 3) if ok else None,
             "ok": len(ok), "n": len(res.rows), "launch_log": str(attempt / "launch.log")}
 
 

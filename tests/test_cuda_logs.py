@@ -123,7 +123,7 @@ def test_startup_phases_of_the_eager_baseline():
     """eager-summary.txt: ready 65.2 s after the probe's launch; readiness seen at 08:55:29 (server started 08:55:28)."""
     ready = "2026-12-01T08:55:29.000Z"
     launch = "2026-12-01T08:54:23.800Z"  # ready - 65.2 s
-    s = launchlog.startup_phases(log_text("vllm-0.23.0-cuda-eager-baseline.log"), launch=launch, ready=ready,
+    s = launchlog.startup_steps(log_text("vllm-0.23.0-cuda-eager-baseline.log"), launch=launch, ready=ready,
                               utc_offsets_s=(0.0,))
     assert s["boundaries"] == {"first_log_line": "12-01 08:54:42", "engine_core": "12-01 08:55:02",
                                "model_loaded": "12-01 08:55:07", "engine_initialized": "12-01 08:55:26"}
@@ -137,7 +137,7 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
     """compiled-summary.txt: draft k=2 ready after 85.2 s; the server started at 10:13:16."""
     text = "# specstudy launch 2026-12-01T10:11:51.800Z: python -m vllm.entrypoints.openai.api_server ...\n" + \
         log_text("vllm-0.23.0-cuda-compiled-draft-k2.log")
-    s = launchlog.startup_phases(text, ready="2026-12-01T10:13:17.000Z", cache="cold", utc_offsets_s=(3600.0, 0.0))
+    s = launchlog.startup_steps(text, ready="2026-12-01T10:13:17.000Z", cache="cold", utc_offsets_s=(3600.0, 0.0))
     assert s["launch"] == "2026-12-01T10:11:51.800Z"  # from our launch line
     assert s["log_clock"] == "utc"  # UTC+1 would put the first vLLM line before the launch
     assert s["phases"] == {"import": 20.2, "api_server": 22.0, "engine_start": 4.457692, "weights": 0.542308,
@@ -145,7 +145,7 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
     assert s["total_s"] == 85.2 and s["cache"] == "cold"
     assert sum(s["phases"].values()) == pytest.approx(85.2, abs=1e-6)
     # the k=4 arm right after reuses the compiled graphs: compile drops from 20.62 s to 2.18 s
-    s4 = launchlog.startup_phases(log_text("vllm-0.23.0-cuda-compiled-draft-k4.log"), cache="warm")
+    s4 = launchlog.startup_steps(log_text("vllm-0.23.0-cuda-compiled-draft-k4.log"), cache="warm")
     assert s4["phases"]["compile"] == 2.18 and s4["phases"]["graph_capture"] == 2.0 and s4["cache"] == "warm"
     assert s4["phases"]["import"] is None and s4["total_s"] is None  # no launch/ready given
 
@@ -153,10 +153,10 @@ def test_startup_phases_of_a_compiled_draft_arm_on_a_cold_cache():
 def test_startup_log_clock_in_local_time_and_unaligned():
     text = log_text("vllm-0.23.0-cuda-eager-baseline.log")
     # the same log written by a server whose local time is UTC+1: our UTC launch is one hour earlier
-    s = launchlog.startup_phases(text, launch="2026-12-01T07:54:23.800Z", ready="2026-12-01T07:55:29.000Z",
+    s = launchlog.startup_steps(text, launch="2026-12-01T07:54:23.800Z", ready="2026-12-01T07:55:29.000Z",
                               utc_offsets_s=(3600.0, 0.0))
     assert s["log_clock"] == "utc+1h" and s["phases"]["import"] == 18.2 and s["phases"]["ready"] == 3.0
     # a launch time that matches no alignment: the clock-crossing phases are unknown, the log-internal ones stay
-    s = launchlog.startup_phases(text, launch="2026-12-01T05:00:00Z", ready="2026-12-01T05:01:05Z", utc_offsets_s=(0.0,))
+    s = launchlog.startup_steps(text, launch="2026-12-01T05:00:00Z", ready="2026-12-01T05:01:05Z", utc_offsets_s=(0.0,))
     assert s["log_clock"] == "unaligned" and s["phases"]["import"] is None and s["phases"]["ready"] is None
     assert s["phases"]["api_server"] == 20.0 and s["total_s"] == 65.0

@@ -271,6 +271,19 @@ def test_every_phase_is_declared_once_and_registers_its_behaviour_once():
     cfg_schema = _json.loads((ROOT / "config/schemas/config.schema.json").read_text())
     report = cfg_schema["properties"]["extensions"]["properties"]["report"]["items"]["enum"]
     assert tuple(report) == phase_decl.EXTENSION_PHASES
+    # every other phase enum of the schemas (JSON cannot import the declarations): the core phases, or every
+    # declared phase plus the deployments of no declared phase (capacity search, the mechanics point)
+    def schema(name):
+        return _json.loads((ROOT / f"config/schemas/{name}.schema.json").read_text())
+
+    recommend = cfg_schema["properties"]["recommendation"]["properties"]["phase"]["enum"]
+    hypothesis = cfg_schema["properties"]["analysis"]["properties"]["hypothesis_phase"]["enum"]
+    prereg_hyp = schema("preregistration")["properties"]["hypotheses"]["items"]["properties"]["phase"]["enum"]
+    tables = [schema(f"table-{t}")["properties"]["phase"]["enum"] for t in ("cells", "deployments", "gates", "requests")]
+    for enum in (recommend, hypothesis, prereg_hyp, *tables):
+        assert tuple(enum) == phase_decl.CORE_PHASES
+    assert tuple(schema("deployment")["properties"]["phase"]["enum"]) == (*phase_decl.CORE_PHASES, "capacity", "mechanics",
+                                                                        *phase_decl.EXTENSION_PHASES)
     # `specstudy phase summary <phase>` offers exactly the opt-in phases
     import argparse
 

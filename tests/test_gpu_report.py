@@ -41,7 +41,7 @@ def make_gpu_tree(tmp_path: Path) -> Path:
     for dep_path in sorted((res / "screen" / "draft-k3-tp4").glob("rep*/deployment.json")):
         dep = json.loads(dep_path.read_text())
         dep["confounds"] = {**dep["confounds"], **conf}
-        dep["startup"] = launchlog.startup_phases(text, launch=LAUNCH, ready=READY, cache="cold", confounds=conf,
+        dep["startup"] = launchlog.startup_steps(text, launch=LAUNCH, ready=READY, cache="cold", confounds=conf,
                                                utc_offsets_s=(0.0,))
         dep["tensor_parallel_size"] = {"target": 4, "draft": 4}
         dep["times"] = {"start": _unix(LAUNCH) - 0.5, "ready": _unix(READY), "stop": _unix(LAUNCH) + 399.5}

@@ -19,7 +19,7 @@ LOG = """# specstudy launch 2026-12-02T06:44:13.560Z: python -m vllm.entrypoints
 
 
 def test_weights_boundary_from_the_loading_weights_line():
-    st = launchlog.startup_phases(LOG, ready="2026-12-02T06:45:10.870Z", utc_offsets_s=(0.0,))
+    st = launchlog.startup_steps(LOG, ready="2026-12-02T06:45:10.870Z", utc_offsets_s=(0.0,))
     assert st["log_clock"] == "utc" and st["boundaries"]["model_loaded"] == "12-02 06:45:03"
     ph = st["phases"]
     assert ph["import"] == 13.44 and ph["api_server"] == 15.0  # launch -> first line -> engine core
@@ -32,5 +32,5 @@ def test_model_loading_took_still_wins_where_logged():
     log = LOG.replace("Loading weights took 0.03 seconds",
                       "Loading weights took 0.03 seconds\n(Worker pid=1775) INFO 12-02 06:45:04 [gpu_model_runner.py:1] "
                       "Model loading took 0.1 GiB memory and 1.5 seconds")
-    st = launchlog.startup_phases(log, ready="2026-12-02T06:45:10.870Z", utc_offsets_s=(0.0,))
+    st = launchlog.startup_steps(log, ready="2026-12-02T06:45:10.870Z", utc_offsets_s=(0.0,))
     assert st["boundaries"]["model_loaded"] == "12-02 06:45:04" and st["phases"]["weights"] == 1.5

@@ -32,8 +32,11 @@ def test_t_interval_three_repeats():
     vals = [1.1, 1.2, 1.3]
     logs = np.log(vals)
     h = T_975_DF2 * logs.std(ddof=1) / math.sqrt(3)
-    lo, hi = intervals.t_log_interval(vals)
+    _, _, lo, hi = intervals.log_interval(list(logs), 0.95)
     assert lo == pytest.approx(math.exp(logs.mean() - h)) and hi == pytest.approx(math.exp(logs.mean() + h))
+    # the many-samples form is the same interval, on the log scale
+    _, _, los, his = intervals.log_intervals(np.array([logs, logs]), 0.95)
+    assert np.exp(los) == pytest.approx([lo, lo]) and np.exp(his) == pytest.approx([hi, hi])
 
 
 def test_exact_bootstrap_percentile_two_values():

@@ -1,8 +1,11 @@
-"""The ``specstudy`` command line. Each concept module registers its own subcommands.
+"""The ``specstudy`` command line: one table of every subcommand and the module that owns it.
 
-A module listed in ``COMMAND_MODULES`` exposes ``register(subparsers)`` which adds parsers whose
-``func`` attribute takes the parsed ``argparse.Namespace`` and returns an exit code. Modules keep
-heavy imports (torch, vllm, pandas) inside functions so that ``specstudy --help`` stays fast.
+:data:`SUBCOMMANDS` lists each subcommand once, in the order ``specstudy --help`` shows them, with the
+module that owns it (the pattern of vLLM's ``benchmarks/sweep/cli.py``: one table, each entry's own code
+builds its parser). That module's ``register(subparsers)`` adds its parsers (arguments, help) and sets
+``func``, the handler that takes the parsed ``argparse.Namespace`` and returns an exit code; it must add
+exactly the subcommands the table lists for it, in the table's order (:func:`build_parser` checks).
+Modules keep heavy imports (torch, vllm, pandas) inside functions so that ``specstudy --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,47 +14,60 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = [
-    "inputs.fixture_models",
-    "inputs.heldout",
-    "inputs.corpus",
-    "study.plan_cli",
-    "measure.loadgen",
-    "job.run",
-    "job.cli",
-    "job.engine_probe",
-    "measure.telemetry",
-    "analysis.gate",
-    "analysis.select",
-    "analysis.checkpoint",
-    "measure.capacity",
-    "analysis.upstream",
-    "analysis.tables",
-    "report.document",
-    "inputs.random_model",
-    "inputs.scale_model",
-    "inputs.rebuilt",
-    "mechanics.point",
-    "study.rerun",
-    "analysis.check_results",
-    "study.checkconfig",
-    "phases.cli",
-]
+#: every subcommand: (name, the module under ``specstudy.`` that registers its parser and handler)
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    # inputs: fixture models, held-out text, corpora
+    ("fixture-models", "inputs.fixture_models"),
+    ("fixture-heldout", "inputs.heldout"),
+    ("corpus", "inputs.corpus"),
+    # the study: its plan and the pre-registration lock
+    ("plan", "study.plan_cli"),
+    ("prereg-lock", "study.plan_cli"),
+    # one cell and one deployment
+    ("loadgen", "measure.loadgen"),
+    ("deployment", "job.run"),
+    ("deploy-confounds", "job.cli"),
+    ("deploy-command", "job.cli"),
+    ("engine", "job.engine_probe"),
+    ("telemetry-summary", "measure.telemetry"),
+    # results read and judged
+    ("gate", "analysis.gate"),
+    ("select", "analysis.select"),
+    ("final-candidate", "analysis.select"),
+    ("confirm-archive", "analysis.checkpoint"),
+    ("confirm-show", "analysis.checkpoint"),
+    ("confirm-round", "analysis.checkpoint"),
+    ("capacity", "measure.capacity"),
+    ("import-upstream", "analysis.upstream"),
+    ("tables", "analysis.tables"),
+    ("report", "report.document"),
+    # the mechanics point and its models (random, scale, rebuilt)
+    ("random-model", "inputs.random_model"),
+    ("scale-model", "inputs.scale_model"),
+    ("models-verify", "inputs.rebuilt"),
+    ("mechanics", "mechanics.point"),
+    # repairs and checks of a study
+    ("rerun", "study.rerun"),
+    ("check-results", "analysis.check_results"),
+    ("check-config", "study.checkconfig"),
+    # the opt-in phases: `specstudy phase summary <phase>`, `specstudy phase <phase> <tool>`
+    ("phase", "phases.cli"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specstudy", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"specstudy.{name}")
-        except ModuleNotFoundError as exc:  # a module not written yet must not break the others
-            if exc.name == f"specstudy.{name}":
-                continue
-            raise
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    for module in dict.fromkeys(m for _, m in SUBCOMMANDS):
+        listed = [name for name, m in SUBCOMMANDS if m == module]
+        before = list(sub.choices)
+        importlib.import_module(f"specstudy.{module}").register(sub)
+        added = [name for name in sub.choices if name not in before]
+        if added != listed:
+            raise RuntimeError(f"specstudy.{module} registers {added}, but specstudy.cli.SUBCOMMANDS lists {listed} "
+                               "for it: list every subcommand in the table, once, in the order it is added")
+    if list(sub.choices) != [name for name, _ in SUBCOMMANDS]:
+        raise RuntimeError("specstudy.cli.SUBCOMMANDS: list each module's subcommands next to each other")
     return parser
 
 

@@ -5,6 +5,7 @@ again: archive one run's confirmation outputs, show the outcome of several runs 
 
 from __future__ import annotations
 
+from specstudy.core.timestamps import compact
 from specstudy.inference.decision import (
     DecisionRuleError,
     decision_label,
@@ -118,14 +119,13 @@ def archive_confirmation(results: str, to: str, stamp: str | None = None, resele
     results move too, so that the next run selects again from the screening files as they are now.
     """
     import shutil
-    import time
     from pathlib import Path
 
     res = Path(results)
     if not (res / "confirm" / "rounds").is_dir() and not (reselect and (res / "plan" / "confirm.json").exists()):
         raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
                                 "confirm` first)")
-    dest = Path(to) / f"confirm-{stamp or time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    dest = Path(to) / f"confirm-{stamp or compact()}"
     if dest.exists():
         raise DecisionRuleError(f"{dest}: already exists; pick another --stamp")
     for rel in CONFIRM_OUTPUTS + (RESELECT_OUTPUTS if reselect else ()):

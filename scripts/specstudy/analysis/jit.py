@@ -16,7 +16,7 @@ cell with the pre-registered consequence (``confounds.jit_in_window`` of the pre
   (``specstudy rerun <summary path>``) measures it again on a fresh server.
 
 vLLM's stamps are the server's local time with one-second resolution (truncated) and no year or zone: the
-log's clock is the one :func:`specstudy.deployment.launchlog.startup_phases` aligned to ours
+log's clock is the one :func:`specstudy.deployment.launchlog.startup_steps` aligned to ours
 (``log_clock``: ``utc`` or ``utc±Hh``). A stamp ``s`` means a time in ``[s, s + 1)``; the event counts as
 inside the window when that second overlaps it (a conservative mark: it may have fallen just outside).
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+from specstudy.core.timestamps import parse, utc_iso
 from specstudy.deployment.launchlog import _strip_prefix
 
 CONSEQUENCES = ("flag", "reject")
@@ -66,13 +67,6 @@ def clock_offset_s(log_clock: str | None) -> float | None:
     return (1 if m.group("sign") == "+" else -1) * float(m.group("hours")) * 3600.0
 
 
-def _iso(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    dt = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
 def event_utc(log_time: str, offset_s: float, near: datetime) -> datetime:
     """A log stamp as UTC, its year taken from ``near`` (the window), across a new year if need be."""
     best = None
@@ -87,7 +81,7 @@ def event_utc(log_time: str, offset_s: float, near: datetime) -> datetime:
 def in_window(events: list[dict], started_at: str | None, ended_at: str | None, log_clock: str | None) -> dict:
     """The events whose log second overlaps the window. ``checked`` False (with ``why``) when the window's
     times or the log's clock are unknown: then nothing is claimed either way."""
-    t0, t1 = _iso(started_at), _iso(ended_at)
+    t0, t1 = parse(started_at), parse(ended_at)
     offset = clock_offset_s(log_clock)
     if t0 is None or t1 is None:
         return {"checked": False, "why": "the cell has no window times (times.started_at/ended_at)", "events": []}
@@ -98,7 +92,7 @@ def in_window(events: list[dict], started_at: str | None, ended_at: str | None, 
     for e in events:
         t = event_utc(e["log_time"], offset, t0)
         if t < t1 and t + timedelta(seconds=1) > t0:
-            hits.append(dict(e, utc=t.isoformat()))
+            hits.append(dict(e, utc=utc_iso(t.timestamp())))
     return {"checked": True, "why": None, "events": hits}
 
 

@@ -28,13 +28,13 @@ it refuses to run when the pre-registration changed since screening locked it.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.atomic import sha256_file
 from specstudy.core.records import kv_cache_tokens, read_plan
+from specstudy.core.stat_util import median
 from specstudy.study.config import load_config
 from specstudy.study.prereg import load_prereg
 from specstudy.study.selection_lock import SelectionError, selection_digest, verify_selection
@@ -69,7 +69,7 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
                              "reasons": [r.get("code") for r in (s.get("validity") or {}).get("reasons", [])]})
             continue
         cells[(k["arm"], k["workload"], int(k["concurrency"]))].append(v)
-    med = {key: statistics.median(vals) for key, vals in cells.items()}
+    med = {key: median(vals) for key, vals in cells.items()}
     workloads = sorted({w for (_, w, _) in med})
     conc = sorted({c for (_, _, c) in med})
     scores: dict[str, dict[str, float]] = defaultdict(dict)
@@ -91,7 +91,7 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
         tokens = kv_cache_tokens(d)  # the /metrics KV pool, as in the deployments table
         if d.get("status") == "ok" and tokens:
             kv[(d.get("arm") or {}).get("name")].append(tokens)
-    kv_med = {a: statistics.median(v) for a, v in kv.items()}
+    kv_med = {a: median(v) for a, v in kv.items()}
     worst = {a: max(s.values()) for a, s in scores.items() if s}
     draft_arms = [a for a in scores if methods.get(a) == "draft_model"]
     ngram_arms = [a for a in scores if methods.get(a) == "ngram"]

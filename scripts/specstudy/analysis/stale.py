@@ -15,8 +15,9 @@ Snakemake runs before the first job and never for a dry run, calls :func:`quaran
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
+
+from specstudy.core.timestamps import compact
 
 #: checkpoint output -> results built from it that present the study as current
 CHECKPOINT_DEPENDENTS = {
@@ -47,7 +48,7 @@ def quarantine_stale(root: str | os.PathLike = ".", log=print, capacity: bool = 
     """Move every stale dependent (:func:`stale_dependents`) to ``results/stale/<UTC time>/``."""
     root = Path(root)
     moved: list[Path] = []
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stamp = compact()
     for checkpoint, dep in stale_dependents(root, capacity):
         src = root / dep
         dst = root / "results" / "stale" / stamp / Path(dep).name

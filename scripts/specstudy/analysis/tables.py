@@ -52,7 +52,8 @@ from specstudy.core.records import (
     read_gate,
     to_record,
 )
-from specstudy.deployment.launchlog import STARTUP_PHASES
+from specstudy.core.timestamps import to_unix
+from specstudy.deployment.launchlog import STARTUP_STEPS
 from specstudy.study.plan import CORE_PHASES
 
 PHASES = CORE_PHASES
@@ -72,7 +73,6 @@ KEY_COLUMNS = [
     ("rep", "int64"),
 ]
 
-#: Start-up phases of a deployment record (deploy.startup_phases), in order.
 #: NVML series summarised per cell: per GPU, ``_mean`` = mean over GPUs of the time mean, ``_max`` = max over GPUs.
 GPU_SERIES = ("memory_used_mib", "utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
 GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_count", "int64")] + [
@@ -193,7 +193,7 @@ CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("startup_log_clock", "string"),
         ("startup_total_s", "float64"),
     ]
-    + [(f"startup_{p}_s", "float64") for p in STARTUP_PHASES]
+    + [(f"startup_{p}_s", "float64") for p in STARTUP_STEPS]
     + [
         ("deployment_seconds", "float64"),
         ("measuring_seconds", "float64"),
@@ -288,24 +288,6 @@ def _str(v: Any) -> str | None:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def to_unix(v: Any) -> float | None:
-    """Seconds since the epoch from a number or an ISO-8601 string; ``None`` when unknown."""
-    f = _num(v)
-    if f is not None:
-        return f
-    if isinstance(v, str):
-        from datetime import UTC, datetime
-
-        try:
-            dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return dt.timestamp()
-    return None
-
-
 def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
     implied = parse_arm(arm_name) if is_arm_name(arm_name) else {}
     spec = dict(implied, **{k: v for k, v in (spec or {}).items() if v is not None})
@@ -374,7 +356,7 @@ def startup_fields(dep: DeploymentRecord) -> dict:
            "startup_cache": _str(st.get("cache")), "startup_log_clock": _str(st.get("log_clock")),
            "startup_total_s": _num(st.get("total_s")),
            "deployment_seconds": (t1 - t0) if (t0 is not None and t1 is not None) else None}
-    for p in STARTUP_PHASES:
+    for p in STARTUP_STEPS:
         out[f"startup_{p}_s"] = _num(dig(st, "phases", p))
     d, tot = out["deployment_seconds"], out["startup_total_s"]
     out["startup_share"] = tot / d if (d and tot is not None) else None

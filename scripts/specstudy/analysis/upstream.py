@@ -23,6 +23,7 @@ from pathlib import Path
 from specstudy.core import atomic
 from specstudy.core.arms import K_METHODS, METHODS, arm_name
 from specstudy.measure import cell, prom
+from specstudy.study.phase_decl import CORE_PHASES
 
 REQUIRED_FILES = ("requests.jsonl", "metrics_before.prom", "metrics_after.prom", "summary.json", "metadata.json")
 # kept verbatim beside the converted cell when present (the 8B harness's /metrics time series)
@@ -957,7 +958,7 @@ def register(subparsers) -> None:
                    "deployment.json per deployment, where `specstudy tables --results <out>` reads them "
                    "(omit to only report)")
     p.add_argument("--strict", action="store_true", help="exit 2 when any cell is incomplete")
-    p.add_argument("--phase", default="screen", choices=("screen", "confirm"),
+    p.add_argument("--phase", default="screen", choices=CORE_PHASES,
                    help="phase the cells are imported as (default screen; confirm for a confirmation set)")
     p.add_argument("--from-summaries", action="store_true",
                    help="also import confirmation cells (<deployment>/cells/<workload>/c<c>/) of which only "

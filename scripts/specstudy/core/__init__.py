@@ -9,5 +9,6 @@
 - :mod:`.integrity` — the seal on a cell summary and the check of the files it names;
 - :mod:`.content` — what a published record's content is (a re-run writes only what changed);
 - :mod:`.studyyaml` — the study's YAML reader (duplicate keys, non-finite numbers named by line);
-- :mod:`.stat_util` — the one percentile and the finite-number helper.
+- :mod:`.stat_util` — the one percentile and median, and the finite-number helper;
+- :mod:`.timestamps` — the one stamp format of records (UTC, ISO 8601, milliseconds, `Z`) and its reader.
 """

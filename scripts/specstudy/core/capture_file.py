@@ -18,18 +18,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from datetime import UTC, datetime
 from typing import Any
 
 from specstudy.core import atomic
+from specstudy.core.timestamps import utc_now
 
 __all__ = ["capture_data", "capture_record", "captured_at", "corpus_ref", "is_deployment_record", "output_fields",
            "read_capture_json", "text_sha256"]
 
 
 def captured_at() -> str:
-    """A capture's ``started_at`` / ``ended_at``: UTC, to the second."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    """A capture's ``started_at`` / ``ended_at``: a record's stamp (:mod:`specstudy.core.timestamps`)."""
+    return utc_now()
 
 
 def text_sha256(text: str | None) -> str | None:

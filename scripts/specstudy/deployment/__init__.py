@@ -12,7 +12,7 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
 - :mod:`.readiness` — :func:`~.readiness.wait_ready`, the :class:`~.readiness.IdleWatchdog`,
   :func:`~.readiness.stop_on_signals`;
 - :mod:`.launchlog` — the engine's own log: confounds (:func:`~.launchlog.parse_launch_log`),
-  start-up phases, error excerpts and failure classification;
+  start-up steps, error excerpts and failure classification;
 - :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
 - :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
 - :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);
@@ -22,8 +22,6 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
 """
 
 from __future__ import annotations
-
-from datetime import UTC, datetime
 
 
 class DeploymentError(RuntimeError):
@@ -35,6 +33,3 @@ class DeploymentError(RuntimeError):
         self.reason = reason
         self.exit_code = exit_code
 
-
-def utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

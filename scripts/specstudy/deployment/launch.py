@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic
-from specstudy.deployment import DeploymentError, utcnow
+from specstudy.core.timestamps import utc_now
+from specstudy.deployment import DeploymentError
 from specstudy.deployment.command import build_command, engine_settings
 from specstudy.deployment.redaction import redact_argv, redact_text, secret_values
 from specstudy.study.config import ConfigError
@@ -52,7 +53,7 @@ class Server:
     record_command: list[str]  # redacted
     secrets: list[str] = field(default_factory=list)
     api_key: str | None = None
-    started_at: str = field(default_factory=utcnow)
+    started_at: str = field(default_factory=utc_now)
     started_monotonic: float = field(default_factory=time.monotonic)
     ready_at: str | None = None
     stopped_at: str | None = None
@@ -95,7 +96,7 @@ class Server:
             self._stopping = True
             try:
                 report = stop_process_group(self.proc, grace_s=grace_s, reason=reason)
-                self.stopped_at = utcnow()
+                self.stopped_at = utc_now()
                 self.stop_report = report
                 if self._reader is not None:
                     self._reader.join(timeout=5)
@@ -307,7 +308,7 @@ class LocalProcessBackend:
         secrets = secret_values(self.cfg, {k: v for k, v in env.items() if k in (self.cfg.get("env") or {})})
         lock_fh = _acquire_lock(self.cfg.get("server_lock"), float(self.cfg.get("readiness_timeout_s") or 900))
         log_fh = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the pump thread
-        log_fh.write(f"# specstudy launch {utcnow()}: {shlex.join(redact_argv(full, secrets))}\n")
+        log_fh.write(f"# specstudy launch {utc_now()}: {shlex.join(redact_argv(full, secrets))}\n")
         log_fh.flush()
         try:
             # Own process group (killed as one), but the job's session: a new session (setsid) is a new

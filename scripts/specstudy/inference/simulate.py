@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from specstudy.inference.intervals import t_quantile
+from specstudy.inference.intervals import log_intervals
 
 SCENARIOS: dict[str, str] = {
     "lognormal": "log ratio ~ Normal(0, σ)",
@@ -91,9 +91,8 @@ def coverage(n: int, method: str = "t_log", scenario: str = "lognormal", sims: i
     rng = np.random.default_rng(seed)
     logs = math.log(true_effect) + draw(scenario, rng, (sims, n), sigma)
     if method == "t_log":
-        m, s = logs.mean(axis=1), logs.std(axis=1, ddof=1)
-        h = t_quantile(n - 1, confidence) * s / math.sqrt(n)
-        return float(np.mean((m - h <= math.log(true_effect)) & (math.log(true_effect) <= m + h)))
+        _, _, lo, hi = log_intervals(logs, confidence)
+        return float(np.mean((lo <= math.log(true_effect)) & (math.log(true_effect) <= hi)))
     kind = {"bootstrap_bca": "bca", "bootstrap_percentile": "percentile"}.get(method)
     if kind is None:
         raise ValueError(f"unknown interval method {method!r} (t_log, bootstrap_percentile, bootstrap_bca)")
@@ -123,15 +122,12 @@ _CODES = {"missing": 0, "regression": 1, "inconclusive": 2, "non_inferior": 3, "
 
 
 def _interval(logs, confidence: float):
-    """:func:`specstudy.inference.intervals.log_interval` vectorized over axis 1 (rounds): (mean, lo, hi,
+    """:func:`specstudy.inference.intervals.log_intervals` over axis 1 (rounds): (mean, lo, hi,
     median) on the log scale."""
     import numpy as np
 
-    n = logs.shape[1]
-    m = logs.mean(axis=1)
-    s = logs.std(axis=1, ddof=1)
-    h = t_quantile(n - 1, confidence) * s / math.sqrt(n)
-    return m, m - h, m + h, np.median(logs, axis=1)
+    m, _, lo, hi = log_intervals(logs, confidence)
+    return m, lo, hi, np.median(logs, axis=1)
 
 
 def _verdicts(lo, hi, g: float, d: float):

@@ -244,7 +244,7 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
     span = float(x.max() - x.min())
     total = math.exp(lr.slope * span) - 1
     effects = [abs(math.log(c["speedup"]["median"])) for c in (comps or []) if c["speedup"]["median"]]
-    med_eff = math.exp(float(np.median(effects))) - 1 if effects else None
+    med_eff = math.exp(median(effects)) - 1 if effects else None
     out.update(slope_per_unit=float(lr.slope), p_value=float(lr.pvalue), span=span, total_fraction=total,
                detected=bool(lr.pvalue < s["drift_alpha"] and abs(total) > s["drift_min_fraction"]),
                median_abs_effect_fraction=med_eff,
@@ -441,16 +441,14 @@ HYPOTHESIS_EVALUATORS = {"acceptance_not_sufficient": _h1, "workload_contrast": 
 
 def memory_costs(deployments) -> dict[str, float]:
     """Share of the baseline's KV-cache capacity (tokens) each arm loses (median over deployments)."""
-    import numpy as np
-
     kv: dict[str, list[float]] = {}
     for d in _records(deployments):
         if d.get("kv_cache_tokens") and d.get("status") != "failed":
             kv.setdefault(d["arm"], []).append(d["kv_cache_tokens"])
     if "baseline" not in kv:
         return {}
-    b = float(np.median(kv["baseline"]))
-    return {a: 1 - float(np.median(v)) / b for a, v in kv.items() if a != "baseline"}
+    b = median(kv["baseline"])
+    return {a: 1 - median(v) / b for a, v in kv.items() if a != "baseline"}
 
 
 def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, model: dict | None = None) -> list[dict]:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.errors import UserError
+from specstudy.core.timestamps import utc_now
 
 ARCTIC_VERSION = "0.1.1"
 REQUIREMENT = f"arctic-inference=={ARCTIC_VERSION}"
@@ -162,7 +163,7 @@ def _build_locked(dest: Path, log) -> Path:
                                          "python": sys.executable, "cache_tag": sys.implementation.cache_tag,
                                          "platform": sysconfig.get_platform(),
                                          "seconds": round(time.monotonic() - t0, 1),
-                                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                         "built_at": utc_now()})
         if dest.exists():  # a stale build (another interpreter or recipe) or one without its marker
             shutil.rmtree(dest)
         os.rename(tmp, dest)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.errors import UserError
+from specstudy.core.timestamps import utc_now
 from specstudy.study.engine_methods import PROBE_METHODS, SCHEMA, engine_label
 
 
@@ -78,7 +79,7 @@ def probe_methods(cfg: dict, methods: list[str], *, work_dir: str | Path, config
     sw = server_software(engine.get("python"))
     rec = {"schema": SCHEMA,
            "engine": {key: sw.get(key) for key in ("vllm", "vllm_distribution", "torch", "python")},
-           "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "probed_at": utc_now(),
            "probe_command": shlex.join(["specstudy", "engine", "probe-methods", "--config", str(config_path),
                                         "--methods", *methods, "--out", str(out_path)]),
            "target": engine["model"], "methods": {}}

@@ -24,7 +24,8 @@ from typing import Any
 from specstudy.core import atomic
 from specstudy.core.capture_file import corpus_ref
 from specstudy.core.records import Plan, read_plan
-from specstudy.deployment import DeploymentError, launch, launchlog, provenance, readiness, records, utcnow
+from specstudy.core.timestamps import utc_now
+from specstudy.deployment import DeploymentError, launch, launchlog, provenance, readiness, records
 from specstudy.job.spec import deployment_spec, engine_flat, fingerprint, fingerprint_context, load_settings
 from specstudy.measure import prom, telemetry
 from specstudy.phases import registry
@@ -139,7 +140,7 @@ class _Job:
     smoke_corpus: dict
     cells: list[dict] = field(default_factory=list)  # {cell, declared, corpus, fingerprint, reuse[, mismatch]}
     cell_records: list[dict] = field(default_factory=list)
-    times: dict = field(default_factory=lambda: {"start": utcnow(), "ready": None, "stop": None})
+    times: dict = field(default_factory=lambda: {"start": utc_now(), "ready": None, "stop": None})
     # filled while the server lives
     server: Any = None
     readiness: dict | None = None
@@ -376,7 +377,7 @@ def _launch_and_wait_ready(job: _Job) -> bool:
         job.server, _backend = launch.start_server(eng, job.arm, attempt_dir=job.attempt, served_model_name=job.served)
         job.log(f"server starting: pid {job.server.pid} {job.server.base_url}")
         job.readiness = readiness.wait_ready(job.server, timeout_s=float(job.eng["readiness_timeout_s"]))
-        job.times["ready"] = utcnow()
+        job.times["ready"] = utc_now()
         job.progress.end_phase()
         job.log("server ready")
     except DeploymentError as exc:
@@ -489,7 +490,7 @@ def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
     consequence = jit.consequence_of(job.lock.get("content"))
     try:
         log_text = jit.read_log(log_path)
-        clock = launchlog.startup_phases(log_text, ready=job.times.get("ready"))["log_clock"]
+        clock = launchlog.startup_steps(log_text, ready=job.times.get("ready"))["log_clock"]
         found = jit.apply(summary, log_text, clock, consequence)
     except Exception:  # the check must never lose a measured cell
         traceback.print_exc()
@@ -526,14 +527,14 @@ def _stop(job: _Job) -> None:
         job.cancelled_code = 128 + exc.signum
         job.fail("cancelled", "signal", f"job received signal {exc.signum} while stopping the server",
                  job.cancelled_code)
-    job.times["stop"] = utcnow()
+    job.times["stop"] = utc_now()
     job.progress.end_phase()
     log_path = job.attempt / "launch.log"
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
     if log_text:
         job.confounds = launchlog.parse_launch_log(log_text)
         info = getattr(job.server, "launch_info", None) or {}
-        job.startup = launchlog.startup_phases(log_text, ready=job.times["ready"], confounds=job.confounds,
+        job.startup = launchlog.startup_steps(log_text, ready=job.times["ready"], confounds=job.confounds,
                                                cache=(info.get("compile_cache") or {}).get("state"))
     try:
         job.provenance = provenance.collect_provenance(

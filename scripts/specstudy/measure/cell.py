@@ -11,12 +11,12 @@ import hashlib
 import json
 import math
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic
 from specstudy.core.stat_util import percentile
+from specstudy.core.timestamps import utc_iso
 from specstudy.measure import prom
 
 SCHEMA = "specstudy.cell/1"
@@ -140,7 +140,7 @@ def _keys(keys: dict) -> dict:
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+    return None if ts is None else utc_iso(ts)
 
 
 def _tokens_per_event(ok_rows: list[dict]) -> dict:
@@ -582,12 +582,8 @@ def run_cell(
     wall = None
     if result.rows and all(r.get("start_s") is not None for r in result.rows):
         wall = max(r["end_s"] for r in result.rows) - min(r["start_s"] for r in result.rows)
-    times = {
-        "started_at": _iso(min((r.get("start_unix") for r in result.rows if r.get("start_unix")), default=started)),
-        "ended_at": None,
-    }
-    if wall is not None and times["started_at"]:
-        times["ended_at"] = (datetime.fromisoformat(times["started_at"]) + timedelta(seconds=wall)).isoformat()
+    t0 = min((r.get("start_unix") for r in result.rows if r.get("start_unix")), default=started)
+    times = {"started_at": _iso(t0), "ended_at": _iso(t0 + wall) if (t0 is not None and wall is not None) else None}
     summary = summarize(
         result.rows,
         before,

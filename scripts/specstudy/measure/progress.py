@@ -26,15 +26,12 @@ import sys
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
 from typing import TextIO
+
+from specstudy.core.timestamps import utc_iso
 
 # Phases of a deployment, in the order they happen. ``warmup``/``measure``/``drain`` repeat per cell.
 PHASES = ("launch", "smoke", "sampled_capture", "warmup", "measure", "drain", "capacity", "memory_sweep", "profile", "stop")
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def _hms(seconds: float | None) -> str:
@@ -165,7 +162,7 @@ class Progress:
 
     def _close(self, now: float) -> None:
         if self._open is not None:
-            ev = {"phase": self._open["phase"], "start": _iso(self._open["start"]), "end": _iso(now),
+            ev = {"phase": self._open["phase"], "start": utc_iso(self._open["start"]), "end": utc_iso(now),
                   "seconds": round(now - self._open["start"], 3)}
             if self._open.get("cell"):
                 ev["cell"] = self._open["cell"]

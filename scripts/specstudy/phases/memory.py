@@ -35,12 +35,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from specstudy.core import atomic, schemas
 from specstudy.core.errors import UserError
+from specstudy.core.timestamps import utc_iso, utc_now
 from specstudy.measure import prom
 from specstudy.phases.registry import Phase, register_phase
 
@@ -57,10 +57,6 @@ POOL_RULE = ("vLLM keeps the draft's attention layers in the target's KV pool (o
              "every layer's page: vllm/v1/spec_decode/llm_base_proposer.py load_model, "
              "vllm/v1/core/kv_cache_utils.py get_kv_cache_groups and _get_kv_cache_bytes_per_block), so one pool "
              "token of a draft_model arm costs the target's bytes plus the draft's")
-
-
-def _utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,7 +218,7 @@ def nvml_memory(nvml: Any = None) -> dict:
 
     g = NvmlGpus(nvml=nvml)
     if not g.available:
-        return {"gpus": None, "reason": g.error, "at": _utcnow()}
+        return {"gpus": None, "reason": g.error, "at": utc_now()}
     try:
         gpus = []
         for i, h in g.handles.items():
@@ -232,9 +228,9 @@ def nvml_memory(nvml: Any = None) -> dict:
             except Exception:  # noqa: BLE001 - a name is only a label
                 name = None
             gpus.append({"index": i, "name": name, "used_bytes": int(m.used), "total_bytes": int(m.total)})
-        return {"gpus": gpus, "reason": None, "at": _utcnow()}
+        return {"gpus": gpus, "reason": None, "at": utc_now()}
     except Exception as exc:  # noqa: BLE001 - NVMLError_*: report, never crash a measurement
-        return {"gpus": None, "reason": f"NVML memory query failed: {type(exc).__name__}: {exc}", "at": _utcnow()}
+        return {"gpus": None, "reason": f"NVML memory query failed: {type(exc).__name__}: {exc}", "at": utc_now()}
     finally:
         g.close()
 
@@ -444,7 +440,7 @@ def _step(base_url: str, model: str, stream: list[int], first_index: int, L: int
            "peak_kv_cache_usage": _peak(win, "kv_cache_usage"), "samples": len(win), "sample_errors": sampler.errors,
            "sample_interval_s": interval, "requests_finished": finished, "prefix_cache_hit_tokens": prefix_hits,
            "wall_s": round(wall, 4), "ok": not reasons, "reasons": reasons, "notes": notes,
-           "started_at": datetime.fromtimestamp(time.time() - wall, UTC).isoformat(timespec="seconds")}
+           "started_at": utc_iso(time.time() - wall)}
     return row, rows
 
 
@@ -490,7 +486,7 @@ def run_sweep(base_url: str, model: str, *, prompts_source: str | os.PathLike, t
     ctx, conc = _check_sweep_args(context_tokens, concurrency, output_tokens, _max_model_len(base_url, model, api_key))
     stream = token_stream(prompts_source, tokenizer_dir)
     log_text = Path(launch_log).read_text(encoding="utf-8", errors="replace") if launch_log else None
-    started, t_start = _utcnow(), time.monotonic()
+    started, t_start = utc_now(), time.monotonic()
     first_scrape = _scrape(metrics_url, api_key)
     nvml_start = nvml_memory()
     steps: list[dict] = []
@@ -526,7 +522,7 @@ def run_sweep(base_url: str, model: str, *, prompts_source: str | os.PathLike, t
               "advertised": advertised(log_text, first_scrape), "launch_log": str(launch_log) if launch_log else None,
               "kv_cost": kv, "nvml": {"start": nvml_start, "end": nvml_memory()},
               "results": results, "steps_file": str(steps_path),
-              "times": {"started_at": started, "ended_at": _utcnow(), "wall_s": round(time.monotonic() - t_start, 3)}}
+              "times": {"started_at": started, "ended_at": utc_now(), "wall_s": round(time.monotonic() - t_start, 3)}}
     schemas.validate(record, "memory", out / "memory.json")
     atomic.write_json(out / "memory.json", record)
     return record
@@ -649,7 +645,7 @@ def summarize(records: list[str | os.PathLike], knees: dict[str, str | os.PathLi
         arms.append(_arm_summary(rec, str(p), knees.get(rec["arm"])))
     arms.sort(key=lambda a: (a["arm"] != "baseline", a["arm"]))
     ctx = sorted({int(L) for a in arms for L in a["max_concurrency"]})
-    summary = {"schema": SUMMARY_SCHEMA, "arms": arms, "context_tokens": ctx, "created_at": _utcnow()}
+    summary = {"schema": SUMMARY_SCHEMA, "arms": arms, "context_tokens": ctx, "created_at": utc_now()}
     out = Path(out_dir)
     schemas.validate(summary, "memory-summary", out / "summary.json")
     atomic.write_json(out / "summary.json", summary)

@@ -38,12 +38,12 @@ The offline judge only (it reads capture files; the captures against a live serv
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from specstudy.core import schemas
+from specstudy.core.stat_util import median
 from specstudy.phases.sampling_capture import load_sampled_capture
 from specstudy.study.prereg import SamplingInputError, check_sampling
 
@@ -181,7 +181,7 @@ def compare_pair(a: dict, b: dict, *, unit: str = "word", pairing: str = "same_s
 def _summary(values: Sequence[float]) -> dict:
     if not values:
         return {"n": 0, "mean": None, "median": None, "min": None, "max": None}
-    return {"n": len(values), "mean": math.fsum(values) / len(values), "median": float(statistics.median(values)),
+    return {"n": len(values), "mean": math.fsum(values) / len(values), "median": median(values),
             "min": min(values), "max": max(values)}
 
 

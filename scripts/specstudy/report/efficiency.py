@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core.stat_util import median
+from specstudy.study.phase_decl import CORE_PHASES
 
-PHASES = ("confirm", "screen")
+#: the core phases whose cells it reads, the confirmation's first (the curves come from the first that has cells)
+PHASES = tuple(reversed(CORE_PHASES))
 
 
 def _usable(c: dict) -> bool:

@@ -9,7 +9,7 @@
 - :mod:`.engine_methods` — the recorded probe of which speculative methods the engine serves;
 - :mod:`.plan` — the factorial of deployments and cells, and their counterbalanced order;
 - :mod:`.cost` and :mod:`.duty` — the study's cost preview and the duty cycle it is estimated from;
-- :mod:`.plan_cli` — ``specstudy plan`` (plan, lock, ``--cost``);
+- :mod:`.plan_cli` — ``specstudy plan`` and ``specstudy prereg-lock`` (plan, lock, ``--cost``; listed in ``specstudy.cli.SUBCOMMANDS``);
 - :mod:`.checkconfig`, :mod:`.preflight`, :mod:`.snakemake_preflight`, :mod:`.rerun` — ``check-config``,
   the workflow's preflight, a raw ``snakemake`` command line's config files and targets, ``specstudy rerun``.
 """

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 from specstudy.core.stat_util import median
+from specstudy.core.timestamps import to_unix
 from specstudy.study import plan as planmod
 from specstudy.study.plan import CORE_PHASES, request_counts
 
@@ -58,7 +58,7 @@ def measured(results: str | Path) -> dict:
     recs = duty.records(results) if results.exists() else []
     for rec in recs:
         t = rec.get("times") or {}
-        t0, tr = duty._t(t.get("start")), duty._t(t.get("ready"))
+        t0, tr = to_unix(t.get("start")), to_unix(t.get("ready"))
         if rec.get("status") == "ok" and t0 is not None and tr is not None and tr >= t0:
             startup.append(tr - t0)
         s = duty.split(rec) if rec.get("phases") else None
@@ -85,7 +85,7 @@ def measured(results: str | Path) -> dict:
                 drains.append(float(d))
     return {"deployments": len(recs), "startup_s": median(startup), "smoke_s": median(smoke),
             "stop_s": median(stop), "capacity_search_s": median(cap), "drain_s": median(drains),
-            "seconds_per_request": {c: statistics.median(v) for c, v in sorted(per_req.items())},
+            "seconds_per_request": {c: median(v) for c, v in sorted(per_req.items())},
             "n": {"startup": len(startup), "smoke": len(smoke), "stop": len(stop), "capacity": len(cap),
                   "cells": sum(len(v) for v in per_req.values()), "drain": len(drains)}}
 

@@ -14,26 +14,15 @@ deployment's own record: it is counted once, under its own deployment id.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 
+from specstudy.core.timestamps import to_unix
 from specstudy.study.plan import CORE_PHASES
 
 SHARES = ("launch", "smoke", "warmup", "measure", "drain", "capacity", "stop", "other")
 LABELS = {"launch": "starting", "smoke": "smoke", "warmup": "warm-up", "measure": "measuring", "drain": "drain",
           "capacity": "capacity search", "stop": "stopping", "other": "other"}
 PHASE_DIRS = (*CORE_PHASES, "capacity")
-
-
-def _t(s) -> float | None:
-    if isinstance(s, (int, float)) and not isinstance(s, bool):
-        return float(s)
-    if not s:
-        return None
-    try:
-        return datetime.fromisoformat(s).timestamp()
-    except (TypeError, ValueError):
-        return None
 
 
 def records(results: str | Path) -> list[dict]:
@@ -58,7 +47,7 @@ def records(results: str | Path) -> list[dict]:
 def split(rec: dict) -> dict | None:
     """Seconds of one deployment per share (``SHARES``) plus ``total``; None without start/stop."""
     times = rec.get("times") or {}
-    t0, t1 = _t(times.get("start")), _t(times.get("stop"))
+    t0, t1 = to_unix(times.get("start")), to_unix(times.get("stop"))
     if t0 is None or t1 is None or t1 < t0:
         return None
     parts = {k: 0.0 for k in SHARES}
@@ -69,7 +58,7 @@ def split(rec: dict) -> dict | None:
                 parts[ev["phase"]] += float(ev.get("seconds") or 0.0)
         timeline = True
     else:
-        ready = _t(times.get("ready"))
+        ready = to_unix(times.get("ready"))
         if ready is not None and ready >= t0:
             parts["launch"] = ready - t0
         timeline = False
