@@ -24,7 +24,7 @@ COMMAND_MODULES = [
     "analysis.gate",
     "analysis.select",
     "analysis.checkpoint",
-    "measure.capacity",
+    "measure.capacity.cli",
     "analysis.upstream",
     "analysis.tables",
     "report.document",

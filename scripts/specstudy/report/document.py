@@ -460,7 +460,7 @@ def _capacity_section(B, results: Path, out: Path) -> None:
     import shutil
 
     from specstudy.core.records import read_knee
-    from specstudy.measure import capacity
+    from specstudy.measure.capacity.knee import compare_knees, kv_capacity_tokens
 
     B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
     knees = {p.parent.name: read_knee(p) for p in sorted((results / "capacity").glob("*/knee.json"))}
@@ -482,14 +482,14 @@ def _capacity_section(B, results: Path, out: Path) -> None:
                   for m in k.confirmation.moves or []]
         rows.append([arm, _f(k.knee_rps, "{:.3g}"), _f(k.step_above_rps, "{:.3g}"), k.status, soaks,
                      _f(k.client_capacity.rps, "{:.3g}"),
-                     _f(capacity.kv_capacity_tokens(k.deployment) if k.deployment else None, "{:,.0f}"),
+                     _f(kv_capacity_tokens(k.deployment) if k.deployment else None, "{:,.0f}"),
                      "; ".join(notes) or "–"])
     B.append(("table", ["arm", "knee (req/s)", "step above (req/s)", "status", "soaks: knee, above",
                         "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
     if "baseline" in knees:
         for arm, k in knees.items():
             if arm != "baseline":
-                B.append(("p", f"**{arm}**: " + capacity.compare_knees(knees["baseline"], k) + "."))
+                B.append(("p", f"**{arm}**: " + compare_knees(knees["baseline"], k) + "."))
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     for arm in knees:
