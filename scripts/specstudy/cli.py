@@ -21,7 +21,7 @@ COMMAND_MODULES = [
     "job.cli",
     "job.engine_probe",
     "measure.telemetry",
-    "analysis.gate",
+    "analysis.gate_cli",
     "analysis.select",
     "analysis.checkpoint",
     "measure.capacity.cli",
