@@ -133,7 +133,7 @@ def test_gate_record_rows(tmp_path):
 
 
 def test_selection_record(tmp_path):
-    from specstudy.report import document as report
+    from specstudy.report.sections.inputs import selection_check
 
     assert records.read_selection(tmp_path / "selection.json") is None
     sel = {"schema": "specstudy.selection/1", "rule": {}, "metric": "tpot_p50", "scores": {}, "per_workload": {},
@@ -141,10 +141,10 @@ def test_selection_record(tmp_path):
            "confirmation_arms": ["baseline", "draft-k3-tp4"], "prereg_sha256": "0" * 64, "phase_of_inputs": "screen",
            "inputs": [{"path": "results/screen/baseline/rep1/code/c1/summary.json", "sha256": "1" * 64}]}
     (tmp_path / "selection.json").write_text(__import__("json").dumps(sel))
-    check = report.selection_check(records.read_selection(tmp_path / "selection.json"))
+    check = selection_check(records.read_selection(tmp_path / "selection.json"))
     assert check["present"] and check["used_confirmation"] is False and check["candidates"] == ["draft-k3-tp4"]
     sel["inputs"].append({"path": "results/confirm/baseline/rep1/code/c1/summary.json", "sha256": "2" * 64})
-    assert report.selection_check(records.to_record(sel, records.SelectionRecord))["used_confirmation"] is True
+    assert selection_check(records.to_record(sel, records.SelectionRecord))["used_confirmation"] is True
 
 
 # ---------------------------------------------------------------------------------------------------------

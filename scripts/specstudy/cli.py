@@ -27,7 +27,7 @@ COMMAND_MODULES = [
     "measure.capacity.cli",
     "analysis.upstream",
     "analysis.tables",
-    "report.document",
+    "report.cli",
     "inputs.random_model",
     "inputs.scale_model",
     "inputs.rebuilt",
