@@ -11,6 +11,9 @@ import pytest
 
 from specstudy.core import atomic, schemas
 from specstudy.measure import capacity
+from specstudy.measure.capacity.knee import deployment_summary
+from specstudy.measure.capacity.runner import load_requests
+from specstudy.measure.capacity.settings import load_json_or_file
 
 sys.path.insert(0, os.path.dirname(__file__))
 import capacity_fake_server as fake  # noqa: E402
@@ -237,7 +240,7 @@ def test_run_capacity_outputs_and_gates_first(tmp_path):
 
     # the deploy module's launch-log confounds win over cache_config
     rec = dict(dep, confounds={"kv_cache": {"tokens": 12345, "available_memory_gib": 2.5}})
-    summ = capacity.deployment_summary(rec)
+    summ = deployment_summary(rec)
     assert summ["kv_capacity_tokens"] == 12345 and summ["kv_cache_memory_gib"] == 2.5
 
     base = dict(knee, knee_rps=8.0, deployment={"kv_capacity_tokens": 20000})
@@ -324,7 +327,7 @@ def test_fake_server_backlog_gate(server):
     gates = capacity.resolve_gates({"ttft_p95_ms": 1e6, "tpot_p95_ms": 1e6, "client": NO_CLIENT_GATES,
                                     "backlog": {"max_kv_cache_usage": None}})
     cfg = capacity.resolve_search({"warmup_s": 0.2, "step_duration_s": 2.0, "sample_interval_s": 0.05})
-    runner = capacity.make_step_runner(base, "fake", capacity.load_requests(PROMPTS), metrics, cfg, gates)
+    runner = capacity.make_step_runner(base, "fake", load_requests(PROMPTS), metrics, cfg, gates)
     step = runner(1.5 * CAPACITY)
     j = capacity.judge(step, gates)
     assert j["gates"]["backlog_slope"] == "fail", (step, j)
@@ -363,8 +366,8 @@ def test_restart_during_soaks_unconfirms():
 def test_gates_from_study_config_file(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("capacity:\n  gates:\n    ttft_p95_ms: 123\n  search:\n    soak: {count: 1}\n", encoding="utf-8")
-    assert capacity.resolve_gates(capacity.load_json_or_file(str(cfg), "gates"))["ttft_p95_ms"] == 123
-    assert capacity.resolve_search(capacity.load_json_or_file(str(cfg), "search"))["soak"] == {"count": 1, "duration_s": 300.0,
+    assert capacity.resolve_gates(load_json_or_file(str(cfg), "gates"))["ttft_p95_ms"] == 123
+    assert capacity.resolve_search(load_json_or_file(str(cfg), "search"))["soak"] == {"count": 1, "duration_s": 300.0,
                                                                                             "max_moves": 2}
     with pytest.raises(ValueError, match="start_rate_rps"):
         capacity.resolve_search({"start_rate_rps": 1000, "max_rate_rps": 10})

@@ -97,7 +97,8 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
 
     from specstudy.core import atomic
     from specstudy.measure import capacity
-    from specstudy.report import document as report
+    from specstudy.report.blocks import render_markdown
+    from specstudy.report.sections.recommendation import capacity_half_blocks, with_capacity_half
 
     sys.path.insert(0, os.path.dirname(__file__))
     from test_capacity import GATES, SEARCH, synthetic
@@ -109,7 +110,7 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
         atomic.write_jsonl(results / "capacity" / arm / "steps.jsonl", out.steps)
         atomic.write_json(results / "capacity" / arm / "knee.json", rec)
     cfg = load_config(ROOT / "config" / "config.yaml")
-    rec = report._with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
+    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
     ev = rec["capacity_half"]["evaluation"]
     by = {r["criterion"]: r for r in ev["criteria"]}
     assert rec["decision"] == "enable" and ev["met"], ev
@@ -117,16 +118,16 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
     # the baseline knee is bisected to just below 10: 0.8 x knee < 8, so the highest common rate is 4
     assert by["ttft_p95_at_matched_load"]["matched_rps"] == 4.0
     blocks: list = []
-    report._capacity_half_blocks(blocks, rec)
-    md = report.render_markdown(blocks)
+    capacity_half_blocks(blocks, rec)
+    md = render_markdown(blocks)
     assert "(1) confirmation — enable" in md and "(2) capacity — ngram-k4: every pre-registered criterion met" in md
     assert "| knee_ratio |" in md and "at 4 req/s" in md
     # the same candidate with half the KV pool lost beyond the declared 0.6: not enabled, the miss named
     atomic.write_json(results / "capacity" / "ngram-k4" / "knee.json",
                       dict(atomic.read_json(results / "capacity" / "ngram-k4" / "knee.json"),
                            deployment={"kv_capacity_tokens": 300_000}))
-    rec = report._with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
+    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
     assert rec["decision"] == "do_not_enable" and rec["capacity_blocker"] == "capacity criteria missed: kv_tokens_lost"
     blocks = []
-    report._capacity_half_blocks(blocks, rec)
-    assert "missed kv_tokens_lost" in report.render_markdown(blocks)
+    capacity_half_blocks(blocks, rec)
+    assert "missed kv_tokens_lost" in render_markdown(blocks)

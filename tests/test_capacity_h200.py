@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from specstudy.analysis import capacity_criteria as cc
-from specstudy.measure.capacity import CLIENT_GATES, SERVER_GATES, compare_knees, kv_capacity_tokens
+from specstudy.measure.capacity.knee import compare_knees, kv_capacity_tokens
+from specstudy.measure.capacity.step import CLIENT_GATES, SERVER_GATES
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "docs" / "gpu-results" / "2026-12-03-capacity"

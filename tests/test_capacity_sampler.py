@@ -22,6 +22,8 @@ import pytest
 from scipy.stats import binom
 
 from specstudy.measure import capacity, prom
+from specstudy.measure.capacity.runner import MetricsSampler, load_requests, loadgen_limits, write_sampled_pages
+from specstudy.measure.capacity.step import judge_lateness, step_row
 
 sys.path.insert(0, os.path.dirname(__file__))
 import capacity_fake_server as fake  # noqa: E402
@@ -109,7 +111,7 @@ def test_sampler_reads_by_scan_and_keeps_the_raw_pages(real_page, monkeypatch, t
     monkeypatch.setattr(prom, "gauges", no_parse)
     monkeypatch.setattr(prom, "parse", no_parse)
     try:
-        s = capacity.MetricsSampler(f"http://127.0.0.1:{srv.server_address[1]}/metrics", 0.02).start()
+        s = MetricsSampler(f"http://127.0.0.1:{srv.server_address[1]}/metrics", 0.02).start()
         deadline = time.monotonic() + 10
         while len(s.samples) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -121,7 +123,7 @@ def test_sampler_reads_by_scan_and_keeps_the_raw_pages(real_page, monkeypatch, t
     assert all(x["waiting"] == 3.0 and x["running"] == 0.0 and x["kv_cache_usage"] == 0.0 for x in samples)
     assert len(s.pages) == len(samples) and s.pages[0][1] == page
     out = tmp_path / "samples.prom.gz"
-    capacity.write_sampled_pages(out, s.pages, t_call=s.pages[0][0])
+    write_sampled_pages(out, s.pages, t_call=s.pages[0][0])
     text = gzip.decompress(out.read_bytes()).decode()
     assert text.count("# specstudy-sample t=") == len(s.pages) and text.startswith("# specstudy-sample t=0.000000\n")
     assert text.count("vllm:num_requests_waiting{") == 2 * len(s.pages)
@@ -132,20 +134,20 @@ def test_sampler_reads_by_scan_and_keeps_the_raw_pages(real_page, monkeypatch, t
 
 def test_lateness_gate_needs_evidence_not_one_hiccup():
     few = [0.3] * 47 + [40.0]  # 48 sends, one hiccup: a p99 over 48 sends would be decided by it
-    j = capacity.judge_lateness(few, 2.0, 0.01)
+    j = judge_lateness(few, 2.0, 0.01)
     assert j["verdict"] == "pass" and j["late"] == 1 and j["n"] == 48 and j["p99_ms"] > 2.0
     three = [0.3] * 45 + [40.0] * 3
-    j = capacity.judge_lateness(three, 2.0, 0.01)
+    j = judge_lateness(three, 2.0, 0.01)
     assert j["verdict"] == "fail" and j["late"] == 3
     assert j["p_value"] == pytest.approx(binom.sf(2, 48, 0.01)) and j["p_value"] < 0.05
     # 6000 sends (100 req/s x 60 s): 1 % late is the limit itself, 2 % is clear evidence
-    assert capacity.judge_lateness([0.3] * 5940 + [9.0] * 60, 2.0, 0.01)["verdict"] == "pass"
-    assert capacity.judge_lateness([0.3] * 5880 + [9.0] * 120, 2.0, 0.01)["verdict"] == "fail"
-    assert capacity.judge_lateness([2.0] * 100, 2.0, 0.01)["late"] == 0  # "later than", not "at"
-    assert capacity.judge_lateness([], 2.0, 0.01)["verdict"] == "no_data"
-    assert capacity.judge_lateness(None, 2.0, 0.01)["verdict"] == "no_data"
-    assert capacity.judge_lateness(three, None, 0.01)["verdict"] == "skipped"
-    assert capacity.judge_lateness(three, 2.0, None)["verdict"] == "skipped"
+    assert judge_lateness([0.3] * 5940 + [9.0] * 60, 2.0, 0.01)["verdict"] == "pass"
+    assert judge_lateness([0.3] * 5880 + [9.0] * 120, 2.0, 0.01)["verdict"] == "fail"
+    assert judge_lateness([2.0] * 100, 2.0, 0.01)["late"] == 0  # "later than", not "at"
+    assert judge_lateness([], 2.0, 0.01)["verdict"] == "no_data"
+    assert judge_lateness(None, 2.0, 0.01)["verdict"] == "no_data"
+    assert judge_lateness(three, None, 0.01)["verdict"] == "skipped"
+    assert judge_lateness(three, 2.0, None)["verdict"] == "skipped"
 
 
 def _rows(warm: int, measured: int, warm_late_ms: float, late_ms: list[float]) -> list[dict]:
@@ -168,7 +170,7 @@ def test_lateness_counts_the_measured_window_only():
     assert len(step.lateness_ms) == 500 and max(step.lateness_ms) < 1.0
     j = capacity.judge(step, gates)
     assert j["gates"]["client_lateness"] == "pass" and j["lateness"]["n"] == 500
-    row = capacity.step_row(step, j, index=0, phase="bracket", arm="a")
+    row = step_row(step, j, index=0, phase="bracket", arm="a")
     assert row["lateness_sends"] == 500 and row["late_sends"] == 0 and row["lateness_p99_ms"] < 1.0
     # the same step with 5 % of its measured sends 9 ms late is client-limited
     rows = _rows(100, 500, 0.4, [0.4] * 19 + [9.0])
@@ -179,12 +181,12 @@ def test_lateness_counts_the_measured_window_only():
     assert j["lateness"]["late"] == 25
     from specstudy.core import schemas
 
-    schemas.validate(capacity.step_row(step, j, index=0, phase="bracket", arm="a"), "capacity-step", "<row>")
+    schemas.validate(step_row(step, j, index=0, phase="bracket", arm="a"), "capacity-step", "<row>")
 
 
 def test_the_load_generators_own_lateness_flag_is_off_in_the_search():
     """Its flag would take a p99 over the warm-up too; the search judges lateness itself."""
-    limits = capacity.loadgen_limits(capacity.resolve_gates({"client": {"max_lateness_p99_ms": 5.0}}))
+    limits = loadgen_limits(capacity.resolve_gates({"client": {"max_lateness_p99_ms": 5.0}}))
     assert limits["lateness_p99_ms"] >= 1e18 and limits["cpu_share"] == 0.9
 
 
@@ -195,7 +197,7 @@ def test_a_real_step_keeps_the_sampled_pages(tmp_path):
         cfg = capacity.resolve_search({"warmup_s": 0.3, "step_duration_s": 1.0, "sample_interval_s": 0.1})
         prompts = [{"prompt_id": f"p{i}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
                    for i in range(4)]
-        runner = capacity.make_step_runner(base, "fake", capacity.load_requests(prompts), metrics, cfg, gates,
+        runner = capacity.make_step_runner(base, "fake", load_requests(prompts), metrics, cfg, gates,
                                            artifacts_dir=tmp_path)
         step = runner(20.0)
     finally:

@@ -13,6 +13,7 @@ from specstudy.analysis import tables
 from specstudy.deployment import launchlog
 from specstudy.report import costmodel
 from specstudy.report import document as report
+from specstudy.report.blocks import render_markdown
 
 GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
 SCALE = GPU / "cuda-logs" / "scale-model-8b"
@@ -111,7 +112,7 @@ def test_report_section_on_constructed_tables(tmp_path):
               "speedup": {"n": 3, "geomean": 1.6, "ci_low": 1.4, "ci_high": 1.8}}]
     m = costmodel.report_section(B, cells, deps, tmp_path, comps)
     assert len(m["steps"]) == 2
-    md = report.render_markdown(B)
+    md = render_markdown(B)
     assert "## Cost model" in md and "4.00 (memory-bound)" in md and "1.600 [1.400, 1.800]" in md
     B2: list = []
     costmodel.report_section(B2, [c for c in cells if c["arm"] == "baseline"], deps, tmp_path)

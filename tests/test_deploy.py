@@ -471,14 +471,14 @@ def job_spec(tmp_path: Path, arm: dict, engine: dict, cells=({"workload": "code"
 
 def fake_captures(monkeypatch, during=None):
     """Smoke captures replaced (the fake server's chat completion is no greedy text); ``during`` runs in them."""
-    from specstudy.analysis import gate
+    from specstudy.measure import greedy_capture
 
     def capture(url, served, prompts, path, **k):
         if during is not None:
             during()
         atomic.write_json(path, {"fake": True})
 
-    monkeypatch.setattr(gate, "capture_greedy", capture)
+    monkeypatch.setattr(greedy_capture, "capture_greedy", capture)
 
 
 def _attempt_record(out: Path) -> dict:

@@ -80,8 +80,8 @@ class _FakeServer:
 
 def test_a_cell_that_raises_is_recorded_and_the_deployment_goes_on(tmp_path, spec, monkeypatch):
     """Review #16.7: a failing cell used to crash its deployment (no deployment.json, job exit non-zero)."""
-    from specstudy.analysis import gate
     from specstudy.measure import cell as cellmod
+    from specstudy.measure import greedy_capture
 
     spec["cells"].append(dict(spec["cells"][0], concurrency=2))
     monkeypatch.setattr(server_launch, "start_server", lambda *a, **k: (_FakeServer(), None))
@@ -92,7 +92,7 @@ def test_a_cell_that_raises_is_recorded_and_the_deployment_goes_on(tmp_path, spe
     def capture(url, served, prompts, path, **k):
         atomic.write_json(path, {"fake": True})
 
-    monkeypatch.setattr(gate, "capture_greedy", capture)
+    monkeypatch.setattr(greedy_capture, "capture_greedy", capture)
     calls = []
 
     def run_cell(*a, **k):

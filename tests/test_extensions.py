@@ -232,20 +232,21 @@ def test_a_summary_names_every_planned_deployment_that_produced_nothing(tmp_path
 def test_a_phase_section_joins_the_report_under_extensions(tmp_path):
     """extensions.report: a phase's own section is appended under 'Extensions', one heading level down, and
     its Markdown tables become HTML tables in report.html."""
-    from specstudy.report import document as report
+    from specstudy.report.blocks import render_html, render_markdown
+    from specstudy.report.sections.extensions import extension_sections
 
     section = tmp_path / "section.md"
     section.write_text("## Memory capacity\n\n| arm | L=256 |\n|---|---|\n| baseline | 5 |\n\n### detail\n\ntext <b>x</b>\n")
     blocks: list = []
-    report._extension_sections(blocks, [str(section)])
-    md = report.render_markdown(blocks)
+    extension_sections(blocks, [str(section)])
+    md = render_markdown(blocks)
     assert "## Extensions (opt-in phases, kept apart" in md
     assert "### Memory capacity" in md and "#### detail" in md and f"*Source: `{section}`*" in md
-    html = report.render_html(blocks, "t")
+    html = render_html(blocks, "t")
     assert "<table>" in html and "<td>baseline</td>" in html and "<h3>Memory capacity</h3>" in html
     assert "<b>x</b>" not in html  # raw HTML in a section is escaped, not passed through
     empty: list = []
-    report._extension_sections(empty, [])
+    extension_sections(empty, [])
     assert empty == []  # no phase listed: the report is unchanged
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from specstudy.analysis import gate
 from specstudy.core import schemas
+from specstudy.measure import greedy_capture
 
 # The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
 UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
@@ -342,9 +343,9 @@ def test_capture_greedy_uses_closed_loop_concurrency_1(tmp_path, monkeypatch):
     prompts = [{"prompt_id": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
                {"prompt_id": "bad", "messages": [{"role": "user", "content": "x"}], "max_tokens": 16}]
     out = tmp_path / "smoke" / "capture-1.json"
-    rec = gate.capture_greedy("http://127.0.0.1:1", "m", prompts, out, deployment_id="d1", arm="baseline",
-                              capture_index=1, corpus={"name": "c", "version": "1", "digest": "abc"}, seed=7,
-                              api_key="secret")
+    rec = greedy_capture.capture_greedy("http://127.0.0.1:1", "m", prompts, out, deployment_id="d1", arm="baseline",
+                                        capture_index=1, corpus={"name": "c", "version": "1", "digest": "abc"}, seed=7,
+                                        api_key="secret")
     assert calls["concurrency"] == 1 and calls["keep_text"] is True and calls["temperature"] == 0.0
     assert calls["seed"] == 7 and calls["api_key"] == "secret" and calls["n"] == 2
     on_disk = json.loads(out.read_text())

@@ -144,6 +144,7 @@ def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
 def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     from specstudy.analysis import tables
     from specstudy.report import document as report
+    from specstudy.report.sections.inputs import measured_acceptance
     from test_tables import make_results_tree
 
     res = make_results_tree(tmp_path)
@@ -151,7 +152,7 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     from specstudy.inference import stats
 
     cells = stats._records(tables.read_tables(res / "tables")["cells"])
-    measured = report.measured_acceptance(cells, 3)
+    measured = measured_acceptance(cells, 3)
     assert measured["cells"] > 0 and 0 < measured["acceptance_rate"] <= 1
 
     def prompt(i, stratum, m, natural):

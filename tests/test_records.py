@@ -8,6 +8,7 @@ from specstudy.analysis import select, tables
 from specstudy.core import records
 from specstudy.core.records import kv_cache_tokens
 from specstudy.measure import capacity
+from specstudy.measure.capacity.knee import kv_capacity_tokens
 
 LOG = {"kv_cache": {"tokens": 12345, "available_memory_gib": 2.5}}
 
@@ -36,8 +37,8 @@ def test_every_reader_uses_it():
                               records.DeploymentRecord)
     assert tables.startup_fields(typed)["kv_log_tokens"] == 12345
     assert tables.deployment_row(typed)["kv_cache_tokens"] == 16000
-    assert capacity.kv_capacity_tokens(rec) == 12345  # the knee prefers the launch log
-    assert capacity.kv_capacity_tokens({"kv_capacity_tokens": 7.0}) == 7.0  # a knee's own summary field
+    assert kv_capacity_tokens(rec) == 12345  # the knee prefers the launch log
+    assert kv_capacity_tokens({"kv_capacity_tokens": 7.0}) == 7.0  # a knee's own summary field
     assert select.kv_cache_tokens is records.kv_cache_tokens
 
 
@@ -132,7 +133,7 @@ def test_gate_record_rows(tmp_path):
 
 
 def test_selection_record(tmp_path):
-    from specstudy.report import document as report
+    from specstudy.report.sections.inputs import selection_check
 
     assert records.read_selection(tmp_path / "selection.json") is None
     sel = {"schema": "specstudy.selection/1", "rule": {}, "metric": "tpot_p50", "scores": {}, "per_workload": {},
@@ -140,10 +141,10 @@ def test_selection_record(tmp_path):
            "confirmation_arms": ["baseline", "draft-k3-tp4"], "prereg_sha256": "0" * 64, "phase_of_inputs": "screen",
            "inputs": [{"path": "results/screen/baseline/rep1/code/c1/summary.json", "sha256": "1" * 64}]}
     (tmp_path / "selection.json").write_text(__import__("json").dumps(sel))
-    check = report.selection_check(records.read_selection(tmp_path / "selection.json"))
+    check = selection_check(records.read_selection(tmp_path / "selection.json"))
     assert check["present"] and check["used_confirmation"] is False and check["candidates"] == ["draft-k3-tp4"]
     sel["inputs"].append({"path": "results/confirm/baseline/rep1/code/c1/summary.json", "sha256": "2" * 64})
-    assert report.selection_check(records.to_record(sel, records.SelectionRecord))["used_confirmation"] is True
+    assert selection_check(records.to_record(sel, records.SelectionRecord))["used_confirmation"] is True
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def test_capacity_records_read_back_as_written(tmp_path):
     _same_json(k, (out / "knee.json").read_bytes())
     assert k.status == knee["status"] == "confirmed" and k.knee_rps == knee["knee_rps"]
     assert k.confirmation.knee_verdicts == ["pass", "pass"] and k.confirmation.moves == []
-    assert capacity.kv_capacity_tokens(k.deployment) == 15000
+    assert kv_capacity_tokens(k.deployment) == 15000
     assert records.to_record(knee, records.CapacityKnee) == k  # run_capacity's return is the same record
     assert capacity.compare_knees(k, out / "knee.json").startswith("the draft costs 0.0% of the KV pool")
 

@@ -14,7 +14,7 @@ from specstudy.analysis import jit, tables
 from specstudy.core import schemas
 from specstudy.deployment import launchlog
 from specstudy.measure import cell
-from specstudy.report import document as report
+from specstudy.report.sections.candidates import candidates_section
 from specstudy.study import prereg
 from test_cell import four_rows, summ
 
@@ -55,7 +55,7 @@ def test_report_shows_the_model_runner_beside_every_comparison():
                      **tables.confound_fields(launchlog.parse_launch_log(log(f"serve_{name}.log")))})
     B: list = []
     rec = {"candidates": [], "phase": "confirm"}
-    report._candidates_section(B, rec, [], [], deps, {}, [])
+    candidates_section(B, rec, [], [], deps, {}, [])
     table = next(b for b in B if b[0] == "table" and "model runner" in b[1])
     by_arm = {r[1]: r for r in table[2]}
     col = table[1].index("model runner")

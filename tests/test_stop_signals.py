@@ -146,12 +146,12 @@ JOB = r"""
 import json, os, signal, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from specstudy.core import atomic
-from specstudy.analysis import gate
+from specstudy.measure import greedy_capture
 from specstudy.measure import cell as cellmod
 from specstudy.deployment import launch
 from specstudy.job.run import run_deployment
 
-gate.capture_greedy = lambda url, served, prompts, path, **k: atomic.write_json(path, {"fake": True})
+greedy_capture.capture_greedy = lambda url, served, prompts, path, **k: atomic.write_json(path, {"fake": True})
 
 def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, **k):
     summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}

@@ -1,7 +1,8 @@
 """Results read and judged; imports the layers up to ``deployment``.
 
 - :mod:`.tables` — the results tree as Parquet tables;
-- :mod:`.gate` — greedy captures and the correctness gate (comparisons, controls, verdicts);
+- :mod:`.gate` — the correctness gate over greedy captures (comparisons, controls, verdicts); :mod:`.gate_cli`
+  its command line (``specstudy gate``);
 - :mod:`.select` — the pre-registered selection of confirmation arms and the final candidate;
 - :mod:`.checkpoint` — the confirmation's checkpoint after each round, its archive and show;
 - :mod:`.capacity_criteria` — the capacity half of the recommendation;

@@ -30,7 +30,7 @@ def _get(rec, key):
 
 
 def _kv(knee) -> float | None:
-    from specstudy.measure.capacity import kv_capacity_tokens
+    from specstudy.measure.capacity.knee import kv_capacity_tokens
 
     dep = _get(knee, "deployment")
     return kv_capacity_tokens(dep) if dep else None

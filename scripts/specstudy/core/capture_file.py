@@ -1,4 +1,4 @@
-"""The capture files' shared pieces: what a greedy capture (:mod:`specstudy.analysis.gate`) and a sampled
+"""The capture files' shared pieces: what a greedy capture (:mod:`specstudy.measure.greedy_capture`) and a sampled
 capture (:mod:`specstudy.phases.sampling_capture`) write and read alike.
 
 - :func:`captured_at` — a capture's ``started_at`` / ``ended_at`` (UTC, to the second);

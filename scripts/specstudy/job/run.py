@@ -394,16 +394,16 @@ def _launch_and_wait_ready(job: _Job) -> bool:
 
 def _smoke_captures(job: _Job) -> None:
     """Two greedy captures of the smoke corpus (the correctness gate compares them across arms)."""
-    from specstudy.analysis import gate
+    from specstudy.measure import greedy_capture
 
     job.stage = "smoke"
     prompts = job.smoke_prompts
     for i in (1, 2):
         job.progress.phase("smoke", f"capture {i}/2 ({len(prompts)} prompts)")
         cap = job.attempt / "smoke" / f"capture-{i}.json"
-        gate.capture_greedy(job.server.base_url, job.served, prompts, cap, deployment_id=job.deployment_id,
-                            arm=job.arm["name"], capture_index=i, corpus=job.smoke_corpus,
-                            seed=job.settings.get("seed"), api_key=job.eng.get("api_key"))
+        greedy_capture.capture_greedy(job.server.base_url, job.served, prompts, cap, deployment_id=job.deployment_id,
+                                      arm=job.arm["name"], capture_index=i, corpus=job.smoke_corpus,
+                                      seed=job.settings.get("seed"), api_key=job.eng.get("api_key"))
         job.captures.append(str(cap))
     job.progress.end_phase()
 

@@ -248,7 +248,7 @@ def scan_gauges(text: str) -> dict:
 
     A full parse of a real vLLM 0.23 page (57 KB, 432 samples) costs ~13 ms of CPU under the GIL; this scan
     costs tens of microseconds. It is meant for samplers that run beside the load generator during a
-    measured window (the capacity search's :class:`~specstudy.measure.capacity.MetricsSampler`); every other reader
+    measured window (the capacity search's :class:`~specstudy.measure.capacity.runner.MetricsSampler`); every other reader
     parses the whole page with :func:`parse`. ``tests/test_prom.py`` pins that both agree on the real page.
     """
     def tot(name: str) -> float | None:

@@ -5,7 +5,7 @@
 ``sampled-capture``); :func:`load_sampled_capture` reads and validates one, errors naming the file and
 the field. The judge of the captures is :mod:`specstudy.phases.sampling_judge`; the capture file's shared
 pieces (times, digests, the record around the rows) are :mod:`specstudy.core.capture_file`'s, as the greedy
-capture's (:mod:`specstudy.analysis.gate`). CLI: ``specstudy phase sampling capture``.
+capture's (:mod:`specstudy.measure.greedy_capture`). CLI: ``specstudy phase sampling capture``.
 
 Imports ``core``, ``study.prereg`` and (inside :func:`capture_sampled`) ``measure.loadgen``.
 """
@@ -80,7 +80,7 @@ def capture_sampled(
                                  "messages, max_tokens)")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
         raise SamplingInputError(f"{src}: temperature {temperature!r} must be > 0 (a temperature-0 capture is a greedy "
-                                 "capture: use gate.capture_greedy)")
+                                 "capture: use greedy_capture.capture_greedy)")
     if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
         raise SamplingInputError(f"{src}: top_p {top_p!r} must be in (0, 1]")
     if (not seeds or any(not isinstance(x, int) or isinstance(x, bool) for x in seeds)

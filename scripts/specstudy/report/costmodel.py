@@ -208,7 +208,7 @@ def _f(v: Any, fmt: str = "{:.3f}") -> str:
 
 def report_section(B: list, cells: list[dict], deployments: list[dict], results: str | Path,
                    comps: list[dict] | None = None, phase: str = "confirm") -> dict:
-    """The report's "Cost model" section (specstudy.report.document blocks); returns the model."""
+    """The report's "Cost model" section (specstudy.report.blocks); returns the model."""
     mechanics, profile = load_inputs(results)
     if not any(_valid(c, phase) for c in cells):
         phase = "screen"

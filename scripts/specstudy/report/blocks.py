@@ -1,0 +1,98 @@
+"""The report's content as a list of blocks (heading, paragraph, list, table, figure, preformatted text, a
+Markdown section) and its two renderings, Markdown and self-contained HTML; the formatting of a value in a
+block (a number, an interval, the repeats).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+#: One block: ``("h", level, text)``, ``("p", text)``, ``("ul", items)``, ``("table", headers, rows)``,
+#: ``("img", path, caption)``, ``("pre", text)`` or ``("md", markdown)``.
+Block = tuple
+
+
+def fmt(v: Any, spec: str = "{:.3f}") -> str:
+    """``v`` formatted by ``spec``; "–" for a missing value, ``str(v)`` when it does not fit the format."""
+    if v is None:
+        return "–"
+    try:
+        return spec.format(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def fmt_ci(d: dict) -> str:
+    if not d or not d.get("n"):
+        return "–"
+    s = f"{fmt(d['geomean'])}"
+    if d.get("ci_low") is not None:
+        s += f" [{fmt(d['ci_low'])}, {fmt(d['ci_high'])}]"
+    return s
+
+
+def fmt_reps(d: dict) -> str:
+    return ", ".join(fmt(v) for v in (d or {}).get("values", [])) or "–"
+
+
+def render_markdown(blocks: list[Block]) -> str:
+    out = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            out.append("#" * b[1] + " " + b[2] + "\n")
+        elif kind == "p":
+            out.append(b[1] + "\n")
+        elif kind == "ul":
+            out.append("".join(f"- {x}\n" for x in b[1]) if b[1] else "- (none)\n")
+        elif kind == "table":
+            headers, rows = b[1], b[2]
+            if not rows:
+                out.append("_(no rows)_\n")
+                continue
+            esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+            out.append("| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+                       + "".join("| " + " | ".join(r) + " |\n" for r in esc))
+        elif kind == "img":
+            out.append(f"![{b[2]}]({b[1]})\n\n*Figure: {b[2]}*\n")
+        elif kind == "pre":
+            out.append("```\n" + b[1].rstrip("\n") + "\n```\n")
+        elif kind == "md":  # a section written as Markdown by another step (an extension phase's section.md)
+            out.append(b[1].rstrip("\n") + "\n")
+    return "\n".join(out)
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
+             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px}"
+             "th{background:#eee}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
+             "figure{margin:1em 0}figcaption{font-size:90%;color:#444}"
+             "</style></head><body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            parts.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+        elif kind == "p":
+            parts.append(f"<p>{e(b[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in (b[1] or ["(none)"])) + "</ul>")
+        elif kind == "table":
+            if not b[2]:
+                parts.append("<p><em>(no rows)</em></p>")
+                continue
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in b[1]) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
+                         + "</table>")
+        elif kind == "img":
+            parts.append(f"<figure><img src='{e(b[1])}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
+        elif kind == "pre":
+            parts.append(f"<pre>{e(b[1])}</pre>")
+        elif kind == "md":
+            from markdown_it import MarkdownIt
+
+            parts.append(MarkdownIt("commonmark", {"html": False}).enable("table").render(b[1]))
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

@@ -1,0 +1,84 @@
+"""The report's "GPU, start-up and memory" section: NVML telemetry per arm, start-up phases per deployment,
+memory and KV cost per arm.
+"""
+
+from __future__ import annotations
+
+from specstudy.core.stat_util import median
+from specstudy.deployment.launchlog import STARTUP_PHASES
+from specstudy.report.blocks import fmt
+
+
+def gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
+    """GPU telemetry per arm, start-up phases per deployment, memory/KV cost per arm (docs/report.md)."""
+    B.append(("h", 2, "GPU, start-up and memory"))
+    B.append(("h", 3, "GPU telemetry (NVML, measurement windows)"))
+    gpu_cells = [c for c in cells if c.get("gpu_count")]
+    if not gpu_cells:
+        B.append(("p", "No GPU telemetry (CPU run): no cell recorded NVML or nvidia-smi series."))
+    else:
+        B.append(("p", "Per GPU: mean = mean over the deployment's GPUs of each GPU's mean over the measurement "
+                       "window, then the median over the arm's cells; max = the largest value any GPU reached in "
+                       "any of the arm's cells."))
+        rows = []
+        for (phase, arm), cs in sorted(_group(gpu_cells, ("phase", "arm")).items()):
+            rows.append([phase, arm, len(cs), "/".join(sorted({str(c.get("gpu_telemetry_source")) for c in cs})),
+                         fmt(max(c["gpu_count"] for c in cs), "{:.0f}"),
+                         fmt(median([c.get("gpu_memory_used_mib_mean") for c in cs]), "{:,.0f}"),
+                         fmt(max((c.get("gpu_memory_used_mib_max") or 0) for c in cs) or None, "{:,.0f}"),
+                         fmt(median([c.get("gpu_utilization_pct_mean") for c in cs]), "{:.1f}"),
+                         fmt(median([c.get("gpu_power_w_mean") for c in cs]), "{:.0f}"),
+                         fmt(max((c.get("gpu_power_w_max") or 0) for c in cs) or None, "{:.0f}"),
+                         fmt(median([c.get("gpu_sm_clock_mhz_mean") for c in cs]), "{:.0f}"),
+                         fmt(max((c.get("gpu_temperature_c_max") or 0) for c in cs) or None, "{:.0f}")])
+        B.append(("table", ["phase", "arm", "cells", "source", "GPUs", "memory used MiB (mean)", "memory used MiB (max)",
+                            "util % (mean)", "power W (mean)", "power W (max)", "SM clock MHz (mean)",
+                            "temperature °C (max)"], rows))
+
+    B.append(("h", 3, "Start-up per deployment"))
+    with_startup = [d for d in deps if d.get("startup_total_s") is not None
+                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_PHASES)]
+    if not with_startup:
+        B.append(("p", "No start-up phases recorded (no deployment record carries `startup`)."))
+    else:
+        B.append(("p", "Seconds from our launch to our readiness check, split at the engine's log lines "
+                       "(1 s resolution; compile and graph capture are the engine's own figures; docs/deployments.md). "
+                       "Cache: the vLLM cache root at launch (cold = empty). Start share / measure share: start-up and "
+                       "measured cells as fractions of the deployment's whole time (start to stop)."))
+        rows = []
+        for d in sorted(with_startup, key=lambda d: (d.get("start_unix") or 0, d.get("deployment_id") or "")):
+            rows.append([d.get("deployment_id"), d.get("arm"), d.get("rep"), d.get("startup_cache") or "–",
+                         d.get("compile_cache") or "–", fmt(d.get("startup_total_s"), "{:.1f}")]
+                        + [fmt(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_PHASES]
+                        + [fmt(d.get("startup_share"), "{:.0%}"), fmt(d.get("measuring_share"), "{:.0%}")])
+        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_PHASES)
+                  + ["start share", "measure share"], rows))
+
+    B.append(("h", 3, "Memory and KV cost per arm"))
+    ok = [d for d in deps if d.get("status") != "failed"]
+    if not ok:
+        B.append(("p", "No successful deployment."))
+        return
+    gpu_by_arm = _group(gpu_cells, ("arm",))
+    rows = []
+    for (arm,), ds in sorted(_group(ok, ("arm",)).items()):
+        gc = gpu_by_arm.get((arm,), [])
+        rows.append([arm, fmt(median([d.get("tensor_parallel_size") for d in ds]), "{:.0f}"),
+                     fmt(median([d.get("model_loading_gib") for d in ds]), "{:.2f}"),
+                     fmt(median([d.get("kv_available_gib") for d in ds]), "{:.2f}"),
+                     fmt(median([d.get("kv_log_tokens") for d in ds]), "{:,.0f}"),
+                     fmt(median([d.get("kv_cache_tokens") for d in ds]), "{:,.0f}"),
+                     fmt(max((c.get("gpu_memory_used_mib_max") or 0) for c in gc) or None, "{:,.0f}") if gc
+                     else "no GPU telemetry"])
+    B.append(("p", "Medians over the arm's deployments: weights loaded (target and, for draft arms, the draft), the "
+                   "memory left for the KV cache and its token capacity (engine log; and from /metrics "
+                   "cache_config where scraped); NVML: the most memory any GPU used in any of the arm's cells."))
+    B.append(("table", ["arm", "TP", "model loading GiB", "available KV GiB", "KV tokens (log)", "KV tokens (metrics)",
+                        "GPU memory used MiB (max)"], rows))
+
+
+def _group(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return out

@@ -1,0 +1,67 @@
+"""The report's results: the table per workload × concurrency of each phase (speedup, TPOT and TTFT ratios,
+absolute medians, each repeat) and the plots section (speedup, TPOT, acceptance, memory, latency, drift)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specstudy.report.blocks import fmt, fmt_ci, fmt_reps
+from specstudy.report.plots import (
+    plot_acceptance,
+    plot_caption,
+    plot_drift,
+    plot_latency,
+    plot_memory,
+    plot_per_position,
+    plot_ratio,
+)
+
+
+def results_tables(B, comps: list[dict], s: dict) -> None:
+    for phase in ("confirm", "screen"):
+        pc = [c for c in comps if c["phase"] == phase]
+        B.append(("h", 2, f"Results per workload × concurrency ({phase})"))
+        if not pc:
+            B.append(("p", f"No {phase} comparisons."))
+            continue
+        B.append(("p", "Speedup = arm output tokens/s ÷ baseline output tokens/s of the same rep (pairs by rep "
+                       f"index). Cells show geometric mean [{int(s['analysis']['confidence'] * 100)}% CI, "
+                       f"{s['analysis']['ci_method']}], median and each repeat; absolute values are medians."))
+        rows = []
+        for c in sorted(pc, key=lambda c: (c["workload"], c["concurrency"], c["arm"])):
+            ab = c["absolute"]
+            rows.append([c["workload"], c["concurrency"], c["arm"], fmt(ab["base_otps"], "{:.1f}"),
+                         fmt(ab["arm_otps"], "{:.1f}"), fmt_ci(c["speedup"]), fmt(c["speedup"]["median"]),
+                         fmt_reps(c["speedup"]), fmt_ci(c["tpot_ratio"]), fmt(ab["base_tpot_ms"], "{:.2f}"),
+                         fmt(ab["arm_tpot_ms"], "{:.2f}"), fmt_ci(c["ttft_ratio"]), fmt(ab["acceptance_rate"]),
+                         f"{c['speedup']['n']}/{c['n_excluded']}"])
+        B.append(("table", ["workload", "c", "arm", "base tok/s", "arm tok/s", "speedup gm [CI]", "median",
+                            "repeats", "TPOT ratio [CI]", "base TPOT ms", "arm TPOT ms", "TTFT ratio [CI]",
+                            "acceptance", "n/excluded"], rows))
+
+
+def plots_section(B, plots: Path, rec: dict, comps: list[dict], cells: list[dict], mem_rows: list[dict], requests,
+                  dr: dict) -> None:
+    """Every figure of ``plots/`` (or the line saying it had no data), with its caption."""
+    from specstudy.inference import stats
+
+    B.append(("h", 2, "Plots"))
+    main_phase = rec["phase"] if any(c["phase"] == rec["phase"] for c in comps) else "screen"
+    mc = [c for c in comps if c["phase"] == main_phase]
+    plot_specs = [
+        ("speedup.png", plot_caption("speedup", f"{main_phase} phase"),
+         lambda p: plot_ratio(mc, "speedup", p, f"speedup ({main_phase})")),
+        ("tpot.png", plot_caption("tpot", f"{main_phase} phase"),
+         lambda p: plot_ratio(mc, "tpot_ratio", p, f"TPOT ratio ({main_phase})")),
+        ("acceptance_vs_speedup.png", plot_caption("acceptance_vs_speedup"),
+         lambda p: plot_acceptance(stats.effect_rows(comps), p)),
+        ("per_position.png", plot_caption("per_position"), lambda p: plot_per_position(cells, p)),
+        ("memory.png", plot_caption("memory"), lambda p: plot_memory(mem_rows, p)),
+        ("latency.png", plot_caption("latency"), lambda p: plot_latency(requests, p)),
+        ("drift.png", plot_caption("drift"), lambda p: plot_drift(dr, p)),
+    ]
+    for name, alt, fn in plot_specs:
+        if fn(plots / name):
+            B.append(("img", f"plots/{name}", alt))
+        else:
+            B.append(("p", f"(plots/{name}: no data) {alt}"))
