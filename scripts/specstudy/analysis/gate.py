@@ -21,13 +21,13 @@ import hashlib
 import json
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
 from specstudy.core import schemas
 from specstudy.core.arms import arm_from_upstream_model
 from specstudy.core.capture_file import capture_data, is_deployment_record, output_fields, read_capture_json
+from specstudy.core.stat_util import median
 from specstudy.measure.greedy_capture import CAPTURE_SCHEMA, GateInputError
 
 COMPARISON_SCHEMA = "specstudy.comparison/1"
@@ -191,7 +191,7 @@ def _stat(values: list[float]) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"count": 0, "min": None, "median": None, "mean": None, "max": None}
-    return {"count": len(vals), "min": min(vals), "median": float(statistics.median(vals)),
+    return {"count": len(vals), "min": min(vals), "median": median(vals),
             "mean": math.fsum(vals) / len(vals), "max": max(vals)}
 
 

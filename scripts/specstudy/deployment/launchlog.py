@@ -250,7 +250,6 @@ def _finish_per_worker(c: dict, per_proc: dict) -> None:
 # Start-up steps (the record keeps them under ``startup.phases``)
 # --------------------------------------------------------------------------------------------------
 STARTUP_STEPS = ("import", "api_server", "engine_start", "weights", "compile", "graph_capture", "engine_init", "ready")
-STARTUP_PHASES = STARTUP_STEPS  # the old name, read by report.document until its split lands
 _LAUNCH_RE = re.compile(r"^# specstudy launch (\S+?):? ")
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from specstudy.inference.intervals import log_interval, t_quantile
+from specstudy.inference.intervals import log_interval, t_half_width
 
 VERDICTS = ("gain", "non_inferior", "inconclusive", "regression", "missing")
 CORRECTIONS = ("bonferroni", "obrien_fleming", "none")
@@ -241,7 +241,7 @@ def extra_repeats_to_settle(mean: float, sd: float, n: int, bound: float, confid
         return None
     for extra in range(1, MAX_EXTRA_REPEATS + 1):
         m = n + extra
-        if t_quantile(m - 1, confidence) * sd / math.sqrt(m) < dist:
+        if t_half_width(sd, m, confidence) < dist:
             return extra
     return None
 

@@ -7,12 +7,12 @@ folder (``results/capacity/<arm>/``, :func:`specstudy.core.layout.capacity_dir`)
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from specstudy.core import atomic
 from specstudy.core.records import CapacityStep, to_record
+from specstudy.core.timestamps import utc_now
 from specstudy.measure.capacity.knee import as_knee, deployment_summary
 from specstudy.measure.capacity.plot import plot_capacity
 from specstudy.measure.capacity.rate_search import search
@@ -58,7 +58,7 @@ def run_capacity(base_url: str, model: str, prompts, gates, search_cfg, out_dir,
         "schema": SCHEMA_GATES, "arm": arm, "gates": g, "search": s, "base_url": base_url, "model": model,
         "metrics_url": metrics_url, "prompts": prompts_info,
         "deployment_id": (dep or {}).get("deployment_id"),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "written_at": utc_now(),
     })
     if step_runner is None:
         requests = load_requests(prompts)

@@ -4,6 +4,7 @@ or loses, its KV and start-up cost, and the confounds of every arm side by side.
 
 from __future__ import annotations
 
+from specstudy.core.stat_util import median
 from specstudy.report.blocks import fmt
 
 CONFOUND_COLS = ("async_scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens", "kv_cache_tokens",
@@ -29,7 +30,6 @@ def _fmt_set(vals: set) -> str:
 
 
 def memory_rows(deps: list[dict], mem: dict) -> list[dict]:
-    import numpy as np
 
     by: dict[str, list[dict]] = {}
     for d in deps:
@@ -39,8 +39,8 @@ def memory_rows(deps: list[dict], mem: dict) -> list[dict]:
     for arm, ds in sorted(by.items()):
         kv = [d["kv_cache_tokens"] for d in ds if d.get("kv_cache_tokens") is not None]
         init = [d["init_seconds"] for d in ds if d.get("init_seconds") is not None]
-        rows.append({"arm": arm, "kv_cache_tokens": float(np.median(kv)) if kv else None,
-                     "kv_lost": mem.get(arm), "init_s": float(np.median(init)) if init else None})
+        rows.append({"arm": arm, "kv_cache_tokens": median(kv),
+                     "kv_lost": mem.get(arm), "init_s": median(init)})
     return rows
 
 

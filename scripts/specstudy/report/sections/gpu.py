@@ -5,7 +5,7 @@ memory and KV cost per arm.
 from __future__ import annotations
 
 from specstudy.core.stat_util import median
-from specstudy.deployment.launchlog import STARTUP_PHASES
+from specstudy.deployment.launchlog import STARTUP_STEPS
 from specstudy.report.blocks import fmt
 
 
@@ -37,7 +37,7 @@ def gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
 
     B.append(("h", 3, "Start-up per deployment"))
     with_startup = [d for d in deps if d.get("startup_total_s") is not None
-                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_PHASES)]
+                    or any(d.get(f"startup_{p}_s") is not None for p in STARTUP_STEPS)]
     if not with_startup:
         B.append(("p", "No start-up phases recorded (no deployment record carries `startup`)."))
     else:
@@ -49,9 +49,9 @@ def gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
         for d in sorted(with_startup, key=lambda d: (d.get("start_unix") or 0, d.get("deployment_id") or "")):
             rows.append([d.get("deployment_id"), d.get("arm"), d.get("rep"), d.get("startup_cache") or "–",
                          d.get("compile_cache") or "–", fmt(d.get("startup_total_s"), "{:.1f}")]
-                        + [fmt(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_PHASES]
+                        + [fmt(d.get(f"startup_{p}_s"), "{:.1f}") for p in STARTUP_STEPS]
                         + [fmt(d.get("startup_share"), "{:.0%}"), fmt(d.get("measuring_share"), "{:.0%}")])
-        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_PHASES)
+        B.append(("table", ["deployment", "arm", "rep", "cache", "compile cache", "total s"] + list(STARTUP_STEPS)
                   + ["start share", "measure share"], rows))
 
     B.append(("h", 3, "Memory and KV cost per arm"))
