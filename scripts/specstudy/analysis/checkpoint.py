@@ -5,6 +5,7 @@ again: archive one run's confirmation outputs, show the outcome of several runs 
 
 from __future__ import annotations
 
+from specstudy.core import layout
 from specstudy.inference.decision import (
     DecisionRuleError,
     decision_label,
@@ -27,9 +28,9 @@ def _round_row(path: str, round_n: int) -> dict:
     from pathlib import Path
 
     from specstudy.analysis import tables
-    from specstudy.core import integrity, layout, records
+    from specstudy.core import integrity, records
 
-    expected = "results/confirm/<arm>/rep<r>/<workload>/c<conc>/summary.json"
+    expected = layout.readable("cell").replace("<phase>", "confirm")
     try:
         place = layout.parse_cell(path)
     except layout.LayoutError as exc:
@@ -120,9 +121,11 @@ def _cmd_checkpoint(args) -> int:
 # ---------------------------------------------------------------------------------------------
 # Running confirmation again (issue #15 item 5): archive one run's confirmation, compare runs
 # ---------------------------------------------------------------------------------------------
-CONFIRM_OUTPUTS = ("confirm", "gates/confirm", "deployment-failures/confirm", "logs/confirm")
+CONFIRM_OUTPUTS = (layout.phase_dir("confirm", ""), f"{layout.GATES}/confirm", f"{layout.FAILURES}/confirm",
+                   f"{layout.LOGS}/confirm")
 #: with ``reselect``: the locked selection, the plan built from it and what followed from it (capacity)
-RESELECT_OUTPUTS = ("selection", "plan/confirm.json", "capacity", "logs/selection", "logs/capacity")
+RESELECT_OUTPUTS = (layout.SELECTION, layout.plan("confirm", ""), layout.CAPACITY, f"{layout.LOGS}/selection",
+                    f"{layout.LOGS}/capacity")
 
 
 def archive_confirmation(results: str, to: str, stamp: str | None = None, reselect: bool = False) -> str:
@@ -138,8 +141,9 @@ def archive_confirmation(results: str, to: str, stamp: str | None = None, resele
     from pathlib import Path
 
     res = Path(results)
-    if not (res / "confirm" / "rounds").is_dir() and not (reselect and (res / "plan" / "confirm.json").exists()):
-        raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
+    rounds = Path(layout.confirm_rounds_dir(res))
+    if not rounds.is_dir() and not (reselect and Path(layout.plan("confirm", res)).exists()):
+        raise DecisionRuleError(f"{rounds}: no confirmation checkpoint to archive (run `snakemake "
                                 "confirm` first)")
     dest = Path(to) / f"confirm-{stamp or time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     if dest.exists():

@@ -18,10 +18,12 @@ import os
 import time
 from pathlib import Path
 
+from specstudy.core import layout
+
 #: checkpoint output -> results built from it that present the study as current
 CHECKPOINT_DEPENDENTS = {
-    "results/selection/selection.json": ("results/report", "results/tables"),
-    "results/selection/final-candidate.json": ("results/report",),
+    layout.selection(): (layout.report_dir(), layout.tables_dir()),
+    layout.final_candidate(): (layout.report_dir(),),
 }
 
 
@@ -32,7 +34,7 @@ def stale_dependents(root: str | os.PathLike = ".", capacity: bool = True) -> li
     root = Path(root)
     out = []
     for checkpoint, dependents in CHECKPOINT_DEPENDENTS.items():
-        if checkpoint.endswith("final-candidate.json") and not capacity:
+        if checkpoint == layout.final_candidate() and not capacity:
             continue
         if (root / checkpoint).exists():
             continue

@@ -451,6 +451,11 @@ def confirm_round(n, root=ROOT) -> str:
     return build("round", root, n=n)
 
 
+def confirm_rounds_dir(root=ROOT) -> str:
+    """``<root>/confirm/rounds``: the confirmation checkpoints (:func:`confirm_round`)."""
+    return _under(root, *_segments(TEMPLATES["round"])[:-1])
+
+
 def capacity_dir(arm, root=ROOT) -> str:
     return build("capacity_dir", root, arm=arm)
 

@@ -17,6 +17,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.study.plan import CORE_PHASES
 
 SHARES = ("launch", "smoke", "warmup", "measure", "drain", "capacity", "stop", "other")
@@ -42,7 +43,7 @@ def records(results: str | Path) -> list[dict]:
     seen: set[str] = set()
     out = []
     for ph in PHASE_DIRS:
-        for p in sorted((results / ph).glob("**/deployment.json")):
+        for p in sorted((results / ph).glob(f"**/{layout.DEPLOYMENT_RECORD}")):
             try:
                 rec = json.loads(p.read_text(encoding="utf-8"))
             except (OSError, ValueError):
