@@ -633,15 +633,17 @@ def ext_plan(phase):
 def ext_plan_inputs(wildcards):
     require_extension(wildcards.ext)
     inputs = {"corpora": all_corpus_json(), "config": ancient(CONFIG_FILE),
-              "lock": ancient("results/screen/prereg-lock.json")}
+              "lock": ancient(LOCK_FILE)}
     if EXT_ARMS_FROM_CONFIRMATION:  # the arms of the confirmation plan (built from the verified selection)
         confirm_plan()
-        inputs["arms"] = ancient("results/plan/confirm.json")
+        inputs["arms"] = ancient(layout.plan("confirm"))
     return inputs
 
 
 # named here, not from input: (which waits on the confirmation checkpoint), so a dry run prints the command
-EXT_ARMS_OPTION = "--arms-from results/plan/confirm.json" if EXT_ARMS_FROM_CONFIRMATION else ""
+EXT_ARMS_OPTION = f"--arms-from {layout.plan('confirm')}" if EXT_ARMS_FROM_CONFIRMATION else ""
+#: the extension phases' deployment jobs' path patterns (rules/extensions.smk), one per phase
+EXTENSION = {phase: DeploymentPaths(phase) for phase in EXT_PHASE_NAMES}
 
 
 def ext_deployment_inputs(phase):
@@ -662,7 +664,7 @@ def ext_cells(phase):
 def ext_summary_inputs(phase):
     def inputs(wildcards):
         p = ext_plan(phase)
-        out = {"plan": f"results/plan/{phase}.json", "records": _records_of(p), "cells": _cells_of(p),
+        out = {"plan": layout.plan(phase), "records": _records_of(p), "cells": _cells_of(p),
                "config": ancient(CONFIG_FILE)}
         joins = _ext.DECLS[phase].joins(config)  # what the phase's declaration joins besides its own cells
         if "natural" in joins:  # the greedy, natural-EOS figures shown beside them

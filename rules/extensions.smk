@@ -4,18 +4,19 @@
 # results/<phase>/{summary.json,section.md} (the sampling phase: also its judges, results/sampling/gates/<arm>.json).
 # Never pooled with screen/confirm. Targets (the declarations' `target`): sampling, ignore_eos, memory, profile.
 # The phase's target and summary rules are made here for every declared phase; the deployment rules name each
-# phase's outputs (a rule's outputs cannot depend on a wildcard's value).
+# phase's outputs (a rule's outputs cannot depend on a wildcard's value). Every path pattern comes from
+# specstudy.core.layout (rules/common.smk: EXTENSION, one DeploymentPaths per phase).
 
 
 checkpoint plan_extension:
     input:
         unpack(ext_plan_inputs),
     output:
-        plan="results/plan/{ext}.json",
+        plan=layout.plan("{ext}"),
     log:
-        "results/logs/plan/{ext}.log",
+        layout.log("plan", "{ext}"),
     benchmark:
-        "results/benchmarks/plan/{ext}.tsv"
+        layout.benchmark("plan", "{ext}")
     params:
         # the files the job reads, named here (not from input:, which waits on the confirmation checkpoint)
         # so that a dry run prints the command
@@ -35,18 +36,18 @@ use rule deploy_screen as deploy_sampling with:
     input:
         unpack(ext_deployment_inputs("sampling")),
     output:
-        record="results/sampling/{arm}/{rep}/deployment.json",
+        record=EXTENSION["sampling"].record,
         cells=deployment_outputs("sampling") if "sampling" in EXT_PHASES else [],
     log:
-        "results/logs/sampling/{arm}/{rep}.log",
+        EXTENSION["sampling"].log,
     benchmark:
-        "results/benchmarks/sampling/{arm}/{rep}.tsv"
+        EXTENSION["sampling"].benchmark
     params:
-        deployment="sampling/{arm}/{rep}",
-        out="results/sampling/{arm}/{rep}",
-        plan="results/plan/sampling.json",
+        deployment=EXTENSION["sampling"].ref,
+        out=EXTENSION["sampling"].dir,
+        plan=EXTENSION["sampling"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     priority: 1
 
 
@@ -54,18 +55,18 @@ use rule deploy_screen as deploy_ignore_eos with:
     input:
         unpack(ext_deployment_inputs("ignore_eos")),
     output:
-        record="results/ignore_eos/{arm}/{rep}/deployment.json",
+        record=EXTENSION["ignore_eos"].record,
         cells=deployment_outputs("ignore_eos") if "ignore_eos" in EXT_PHASES else [],
     log:
-        "results/logs/ignore_eos/{arm}/{rep}.log",
+        EXTENSION["ignore_eos"].log,
     benchmark:
-        "results/benchmarks/ignore_eos/{arm}/{rep}.tsv"
+        EXTENSION["ignore_eos"].benchmark
     params:
-        deployment="ignore_eos/{arm}/{rep}",
-        out="results/ignore_eos/{arm}/{rep}",
-        plan="results/plan/ignore_eos.json",
+        deployment=EXTENSION["ignore_eos"].ref,
+        out=EXTENSION["ignore_eos"].dir,
+        plan=EXTENSION["ignore_eos"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     priority: 1
 
 
@@ -73,17 +74,17 @@ use rule deploy_screen as deploy_memory with:
     input:
         unpack(ext_deployment_inputs("memory")),
     output:
-        record="results/memory/{arm}/{rep}/deployment.json",
+        record=EXTENSION["memory"].record,
     log:
-        "results/logs/memory/{arm}/{rep}.log",
+        EXTENSION["memory"].log,
     benchmark:
-        "results/benchmarks/memory/{arm}/{rep}.tsv"
+        EXTENSION["memory"].benchmark
     params:
-        deployment="memory/{arm}/{rep}",
-        out="results/memory/{arm}/{rep}",
-        plan="results/plan/memory.json",
+        deployment=EXTENSION["memory"].ref,
+        out=EXTENSION["memory"].dir,
+        plan=EXTENSION["memory"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     priority: 1
 
 
@@ -91,18 +92,18 @@ use rule deploy_screen as deploy_profile with:
     input:
         unpack(ext_deployment_inputs("profile")),
     output:
-        record="results/profile/{arm}/{rep}/deployment.json",
+        record=EXTENSION["profile"].record,
         cells=deployment_outputs("profile") if "profile" in EXT_PHASES else [],
     log:
-        "results/logs/profile/{arm}/{rep}.log",
+        EXTENSION["profile"].log,
     benchmark:
-        "results/benchmarks/profile/{arm}/{rep}.tsv"
+        EXTENSION["profile"].benchmark
     params:
-        deployment="profile/{arm}/{rep}",
-        out="results/profile/{arm}/{rep}",
-        plan="results/plan/profile.json",
+        deployment=EXTENSION["profile"].ref,
+        out=EXTENSION["profile"].dir,
+        plan=EXTENSION["profile"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
-        lock="results/screen/prereg-lock.json",
+        lock=LOCK_FILE,
     priority: 1
 
 
@@ -125,23 +126,24 @@ for _phase in EXT_PHASE_NAMES:
         input:
             unpack(ext_summary_inputs(_phase)),
         output:
-            summary=f"results/{_phase}/summary.json",
-            section=f"results/{_phase}/section.md",
-            **{d: directory(f"results/{_phase}/{d}") for d in _ext.DECLS[_phase].summary_dirs},
+            summary=layout.phase_summary(_phase),
+            section=layout.phase_section(_phase),
+            **{d: directory(layout.phase_file(_phase, d)) for d in _ext.DECLS[_phase].summary_dirs},
         log:
-            f"results/logs/{_phase}/summary.log",
+            layout.log(_phase, "summary"),
         benchmark:
-            f"results/benchmarks/{_phase}/summary.tsv"
+            layout.benchmark(_phase, "summary")
         params:
             prereg=PREREG_FILE,
             # named here, not from input: (which waits on the phase's plan checkpoint), so a dry run prints the command
-            plan=f"results/plan/{_phase}.json",
+            plan=layout.plan(_phase),
             config=CONFIG_FILE,
             phase=_phase,
             out=lambda wildcards, output: os.path.dirname(output.section),
+            results=results_root_of("phase_summary", "summary"),
         localrule: True
         conda:
             "../envs/specstudy.yaml"
         shell:
             "specstudy phase summary {params.phase} --plan {params.plan} --config {params.config} "
-            "--prereg {params.prereg} --results results --out {params.out} > {log} 2>&1"
+            "--prereg {params.prereg} --results {params.results} --out {params.out} > {log} 2>&1"

@@ -3,6 +3,7 @@ malformed path is refused naming the path and what is wrong, and the rules take 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -143,13 +144,13 @@ def test_keys_that_cannot_make_a_path_are_refused(call, what):
 
 
 def test_the_rules_take_their_result_paths_from_the_layout():
-    """No rule file spells a deployment or cell path: common.smk builds every pattern with specstudy.core.layout.
-    (rules/extensions.smk is left to the phase registry, which replaces its per-phase rules.)"""
+    """No rule file spells a results path: common.smk builds every pattern with specstudy.core.layout (the
+    extension phases' rules too: rules/extensions.smk)."""
     common = (ROOT / "rules/common.smk").read_text()
     assert "from specstudy.core import layout" in common
     offenders = []
     for smk in sorted((ROOT / "rules").glob("*.smk")):
-        if smk.name in ("common.smk", "extensions.smk"):
+        if smk.name == "common.smk":
             continue
         for n, line in enumerate(smk.read_text().splitlines(), 1):
             if re.search(r"rep\{|/c\{|\{rep\}|\{drift\}|\"results/", line) and not line.lstrip().startswith("#"):
@@ -159,3 +160,108 @@ def test_the_rules_take_their_result_paths_from_the_layout():
     # common.smk itself spells no cell or deployment path by hand
     code = [ln for ln in common.splitlines() if not ln.lstrip().startswith("#")]
     assert not [ln for ln in code if re.search(r"rep\{|/c\{", ln)]
+
+
+def test_globs_and_messages_come_from_the_templates():
+    assert layout.glob_pattern("cell") == "results/*/*/*/*/c*/summary.json"
+    assert layout.glob_pattern("deployment", "", phase="screen") == "screen/*/*/deployment.json"
+    assert (layout.glob_pattern("attempt_cell_dir", "r", phase="confirm", arm="baseline", rep=2, workload="code",
+                                concurrency=4) == "r/confirm/baseline/rep2/attempts/*/code/c4")
+    with pytest.raises(LayoutError, match="unknown key"):
+        layout.glob_pattern("gate", phase="screen", rep="rep1")
+    assert layout.readable("cell") == "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>/summary.json"
+    assert layout.readable("deployment", None) == "<root>/<phase>/<arm>/<rep>/deployment.json"
+    assert layout.phase_file("sampling", "gates") == "results/sampling/gates"
+    assert layout.confirm_rounds_dir("/x") == "/x/confirm/rounds"
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules whose paths now come from the layout
+# ---------------------------------------------------------------------------------------------
+def _confirm_summary(tmp_path, folder_arm, arm, rep="rep2", workload="code", concurrency=4, rep_label=True):
+    """A real cell summary of ``arm`` written into ``folder_arm``'s folder; returns its path."""
+    from test_workflow_dag import fake_cell_summary
+
+    s = fake_cell_summary("confirm", arm, rep, workload, concurrency, tpot_p50_ms=10.0, output_tokens_per_second=100.0)
+    if not rep_label:
+        s["keys"].pop("rep_label")
+    path = Path(layout.cell_summary("confirm", folder_arm, rep, workload, concurrency, root=tmp_path / "results"))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(s))
+    return str(path)
+
+
+@pytest.mark.parametrize("rep_label", [True, False])
+def test_a_checkpoint_row_takes_the_keys_written_in_the_summary(tmp_path, rep_label):
+    from specstudy.analysis.checkpoint import _round_row
+
+    row = _round_row(_confirm_summary(tmp_path, "ngram-k2", "ngram-k2", rep_label=rep_label), 3)
+    assert (row["phase"], row["arm"], row["rep"], row["workload"], row["concurrency"]) == ("confirm", "ngram-k2", 2,
+                                                                                          "code", 4)
+
+
+def test_a_checkpoint_refuses_a_summary_whose_keys_name_another_place(tmp_path):
+    from specstudy.analysis.checkpoint import _round_row
+    from specstudy.core.integrity import IntegrityError
+
+    path = _confirm_summary(tmp_path, "ngram-k2", "draft-k2-tp1")  # draft-k2-tp1's summary in ngram-k2's folder
+    with pytest.raises(IntegrityError) as exc:
+        _round_row(path, 3)
+    assert str(exc.value).startswith(f"{path}: this summary belongs elsewhere: keys.arm is 'draft-k2-tp1', the path "
+                                     "says 'ngram-k2'")
+
+
+def test_a_checkpoint_refuses_other_paths_and_later_rounds(tmp_path):
+    from specstudy.analysis.checkpoint import _round_row
+    from specstudy.inference.decision import DecisionRuleError
+
+    with pytest.raises(DecisionRuleError, match="round 2 is after the checkpoint's round 1"):
+        _round_row(_confirm_summary(tmp_path, "ngram-k2", "ngram-k2"), 1)
+    for bad in ("results/screen/ngram-k2/rep1/code/c4/summary.json", "results/confirm/ngram-k2/drift1/code/c4/summary.json",
+                "results/confirm/ngram-k2/rep1/code/c4x/summary.json"):
+        with pytest.raises(DecisionRuleError, match=re.escape(f"{bad}: not a confirmation cell summary (expected "
+                                                              "results/confirm/<arm>/<rep>/")):
+            _round_row(bad, 3)
+
+
+def test_attempt_copies_are_found_through_the_layout(tmp_path):
+    from specstudy.analysis.check_results import attempt_copy
+    from specstudy.core.atomic import sha256_file
+    from specstudy.core.integrity import sealed_copies
+
+    dep = layout.Deployment("screen", "baseline", "rep1")
+    att = tmp_path / layout.attempt_dir("screen", "baseline", "rep1", "d-1")
+    (att / layout.cell_rel("code", 4)).mkdir(parents=True)
+    copy = att / layout.cell_rel("code", 4) / layout.CELL_SUMMARY
+    copy.write_text('{"integrity": {"sha256": "x"}}')
+    (att / layout.ATTEMPT_RECORD).write_text("{}")
+    cell = dep.cell("code", 4).summary
+    assert attempt_copy(tmp_path, cell, sha256_file(copy)) == copy
+    assert attempt_copy(tmp_path, dep.record, sha256_file(att / layout.ATTEMPT_RECORD)) == att / layout.ATTEMPT_RECORD
+    assert attempt_copy(tmp_path, "elsewhere/screen/baseline/rep1/code/c4/summary.json", sha256_file(copy)) is None
+    assert sealed_copies(tmp_path / cell) == [copy]
+    assert sealed_copies(tmp_path / "code/c4/summary.json") == []  # no cell summary: no attempt copies
+
+
+def test_rerun_names_cells_by_the_layout(tmp_path):
+    from specstudy.core.errors import UserError
+    from specstudy.study.rerun import check_targets
+
+    with pytest.raises(UserError, match=re.escape("not a cell path (a cell is results/<phase>/<arm>/<rep>/<workload>/"
+                                                  "c<concurrency>/summary.json)")):
+        check_targets(["results/screen/baseline/repX/code/c1/summary.json"], tmp_path)
+    plan = tmp_path / layout.plan("screen")
+    plan.parent.mkdir(parents=True)
+    plan.write_text('{"deployments": [{"arm": "baseline", "rep": "rep1", "cells": [{"workload": "code", "concurrency": 1}]}]}')
+    with pytest.raises(UserError, match=re.escape("'ngram-k2' is not an arm of results/plan/screen.json (its arms: baseline)")):
+        check_targets(["results/screen/ngram-k2/rep1/code/c1/summary.json"], tmp_path)
+    check_targets([layout.cell_summary("screen", "baseline", 1, "code", 1)], tmp_path)
+
+
+def test_a_failure_record_is_written_where_the_layout_says(tmp_path):
+    from specstudy.deployment.records import write_failure_record
+
+    path = write_failure_record(tmp_path, phase="confirm", arm="ngram-k2", rep=2, deployment_id="d-7", stage="launch",
+                                reason="exited", log_path=None)
+    assert path.parent == Path(layout.failure_dir("confirm", "ngram-k2", 2, "d-7", root=tmp_path))
+    assert layout.parse("failure", path.parent)["rep"] == "rep2"

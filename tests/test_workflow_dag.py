@@ -144,6 +144,7 @@ def fake_planned(workdir: Path, config: str = "config/config.yaml"):
 
 def fake_screening(workdir: Path) -> None:
     """Write every screening output with increasing mtimes, as if screening had run."""
+    from specstudy.core import layout
     from specstudy.study import plan as planmod
 
     cfg, p, write = fake_planned(workdir)
@@ -152,7 +153,9 @@ def fake_screening(workdir: Path) -> None:
         for c in d["cells"]:
             method = "baseline" if d["arm"] == "baseline" else ("draft_model" if d["arm"].startswith("draft") else "ngram")
             write(f"results/screen/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json",
-                  {"keys": {"phase": "screen", "arm": d["arm"], "method": method, "rep": d["rep"],
+                  {"keys": {"phase": "screen", "arm": d["arm"], "method": method,
+                            # as the deployment job writes them (job/run.py): the number, and the folder's label
+                            "rep": layout.rep_number(d["rep"]), "rep_label": d["rep"], "kind": d["kind"],
                             "workload": c["workload"], "concurrency": c["concurrency"]},
                    "validity": {"valid": True, "reasons": []},
                    "latency_ms": {"tpot": {"p50": speed[d["arm"]] * c["concurrency"]}},

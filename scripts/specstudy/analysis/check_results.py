@@ -22,12 +22,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.atomic import sha256_file
 from specstudy.study.plan import CORE_PHASES
 from specstudy.study.selection_lock import CONFIRM_PLAN, RESELECT_COMMAND, RESTORE_COMMAND, SELECTION, changed_inputs
 
-LOCK = "results/screen/prereg-lock.json"
+LOCK = layout.prereg_lock()
 
 
 @dataclass
@@ -53,21 +53,36 @@ class Result:
             self.repair = repair
 
 
+#: a declared file's kind -> where its attempts' copies are (the kind of folder, the file in it)
+_ATTEMPT_COPIES = {"deployment": ("attempt", layout.ATTEMPT_RECORD), "cell": ("attempt_cell_dir", layout.CELL_SUMMARY)}
+
+
 def attempt_copy(root: Path, declared: str, sha256: str) -> Path | None:
     """An attempt file holding the bytes ``sha256`` of a declared cell summary or deployment record."""
-    rel = Path(declared)
-    parts = rel.parts
     # results/<phase>/<arm>/<rep>/deployment.json  or  results/<phase>/<arm>/<rep>/<workload>/c<c>/summary.json
-    if len(parts) == 5 and parts[-1] == "deployment.json":
-        base, pattern = Path(*parts[:4]), "attempts/*/record.json"
-    elif len(parts) == 7 and parts[-1] == "summary.json":
-        base, pattern = Path(*parts[:4]), f"attempts/*/{parts[4]}/{parts[5]}/summary.json"
-    else:
+    kind = next((k for k in _ATTEMPT_COPIES if layout.matches(k, declared)), None)
+    if kind is None:
         return None
-    for cand in sorted((root / base).glob(pattern)):
+    attempt, name = _ATTEMPT_COPIES[kind]
+    keys = layout.parse(kind, declared)
+    if keys.pop("root") != layout.ROOT:
+        return None
+    pattern = f"{layout.glob_pattern(attempt, layout.ROOT, **keys)}/{name}"
+    for cand in sorted(root.glob(pattern)):
         if sha256_file(cand) == sha256:
             return cand
     return None
+
+
+def _core_records(root: Path) -> list[tuple[Path, layout.Deployment]]:
+    """Every declared deployment record of screening and confirmation under ``root/results`` (its path, and its
+    deployment relative to ``root``)."""
+    out = []
+    for rec_path in sorted(root.glob(layout.glob_pattern("deployment"))):
+        rel = rec_path.relative_to(root)
+        if layout.matches("deployment", rel) and (dep := layout.parse_deployment(rel)).phase in CORE_PHASES:
+            out.append((rec_path, dep))
+    return out
 
 
 def check_tree(root: str | os.PathLike = ".") -> Result:
@@ -129,13 +144,11 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
             elif copy is not None:
                 fix = RESTORE_COMMAND
             else:
-                fix = RESELECT_COMMAND if locked else "snakemake --profile profiles/local results/selection/selection.json"
+                fix = RESELECT_COMMAND if locked else f"snakemake --profile profiles/local {layout.selection()}"
             res.add("screening inputs", False, f"{c.path}: {what} ({where})", fix)
 
-    for rec_path in sorted(root.glob("results/*/*/*/deployment.json")):
+    for rec_path, dep in _core_records(root):
         rel = rec_path.relative_to(root)
-        if rel.parts[1] not in CORE_PHASES:
-            continue
         try:
             rec = atomic.read_json(rec_path)
         except ValueError as exc:
@@ -143,7 +156,7 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
             continue
         bad = []
         for c in rec.get("cells") or []:
-            declared = rec_path.parent / c["workload"] / f"c{int(c['concurrency'])}" / "summary.json"
+            declared = root / dep.cell(c["workload"], c["concurrency"]).summary
             src = Path(c.get("summary") or "")
             src = src if src.is_absolute() else root / src
             if not declared.exists():
@@ -156,7 +169,7 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
             res.add("deployment records", False, f"{rel}: " + "; ".join(bad),
                     f"specstudy rerun {bad[0].split(' ')[0]}")
     if not any(f.check == "deployment records" for f in res.findings):
-        n = sum(1 for p in root.glob("results/*/*/*/deployment.json") if p.parts[-4] in CORE_PHASES)
+        n = len(_core_records(root))
         res.add("deployment records", True, f"{n} deployment records, every declared cell is the copy of the attempt "
                                             "its record names")
     if res.consistent:

@@ -5,6 +5,7 @@ again: archive one run's confirmation outputs, show the outcome of several runs 
 
 from __future__ import annotations
 
+from specstudy.core import layout
 from specstudy.core.timestamps import compact
 from specstudy.inference.decision import (
     DecisionRuleError,
@@ -18,15 +19,42 @@ from specstudy.inference.decision import (
 # ---------------------------------------------------------------------------------------------
 # The checkpoint after each confirmation round (CLI: specstudy confirm-round)
 # ---------------------------------------------------------------------------------------------
-_CELL_PATH = r"(?:^|/)confirm/(?P<arm>[^/]+)/rep(?P<rep>[0-9]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/summary\.json$"
+
+
+def _round_row(path: str, round_n: int) -> dict:
+    """The ``cells`` row of one confirmation cell of rounds 1..``round_n``: its keys are the summary's own
+    (specstudy.core.layout: the file's keys are the source of truth), and a summary whose keys name another
+    place than its path is refused (specstudy.core.integrity.verify_place), never given the folder's keys."""
+    import json
+    from pathlib import Path
+
+    from specstudy.analysis import tables
+    from specstudy.core import integrity, records
+
+    expected = layout.readable("cell").replace("<phase>", "confirm")
+    try:
+        place = layout.parse_cell(path)
+    except layout.LayoutError as exc:
+        raise DecisionRuleError(f"{path}: not a confirmation cell summary (expected {expected}): {exc}") from None
+    if place.phase != "confirm" or place.deployment.kind != "repeat":
+        raise DecisionRuleError(f"{path}: not a confirmation cell summary (expected {expected})")
+    summary = records.read_cell_summary(path)
+    integrity.verify_place(json.loads(Path(path).read_bytes()), path, phase=place.phase, arm=place.arm,
+                           rep=place.deployment.number, rep_label=place.rep, workload=place.workload,
+                           concurrency=place.concurrency)
+    cell = layout.cell_of_keys(summary.keys, root=place.root)
+    if cell.deployment.number > round_n:
+        raise DecisionRuleError(f"{path}: round {cell.deployment.number} is after the checkpoint's round {round_n}; "
+                                "the checkpoint of round n reads rounds 1..n only")
+    row = tables.cell_row(summary)
+    row.update(phase=cell.phase, arm=cell.arm, rep=cell.deployment.number, workload=cell.workload,
+               concurrency=cell.concurrency)
+    return row
 
 
 def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, summary_paths: list[str],
                gate_paths: list[str], out: str) -> dict:
     """Evaluate the pre-registered rule on rounds 1..``round_n`` and say whether round ``round_n + 1`` runs."""
-    import re
-
-    from specstudy.analysis import tables
     from specstudy.core import atomic, records
     from specstudy.core.atomic import sha256_file
     from specstudy.inference import stats
@@ -48,18 +76,7 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
                                 f"{rule['max_repeats']} (confirmation.repeats .. confirmation.stopping.max_repeats in "
                                 f"{prereg_path(cfg)})")
     plan = records.read_plan(plan_path)
-    rows = []
-    for p in summary_paths:
-        m = re.search(_CELL_PATH, p.replace("\\", "/"))
-        if not m:
-            raise DecisionRuleError(f"{p}: not a confirmation cell summary (expected results/confirm/<arm>/rep<r>/"
-                                    "<workload>/c<conc>/summary.json)")
-        if int(m["rep"]) > round_n:
-            raise DecisionRuleError(f"{p}: round {m['rep']} is after the checkpoint's round {round_n}; the checkpoint "
-                                    "of round n reads rounds 1..n only")
-        row = tables.cell_row(records.read_cell_summary(p))
-        row.update(phase="confirm", arm=m["arm"], rep=int(m["rep"]), workload=m["workload"], concurrency=int(m["conc"]))
-        rows.append(row)
+    rows = [_round_row(p, round_n) for p in summary_paths]
     gates = [dict(atomic.read_json(p)) for p in gate_paths]
     ccfg = dict(cfg, recommendation=dict(cfg.get("recommendation") or {}, phase="confirm"))
     # An interim look: confirmation gates need the complete rounds, so the screening gates are named
@@ -105,9 +122,11 @@ def _cmd_checkpoint(args) -> int:
 # ---------------------------------------------------------------------------------------------
 # Running confirmation again (issue #15 item 5): archive one run's confirmation, compare runs
 # ---------------------------------------------------------------------------------------------
-CONFIRM_OUTPUTS = ("confirm", "gates/confirm", "deployment-failures/confirm", "logs/confirm")
+CONFIRM_OUTPUTS = (layout.phase_dir("confirm", ""), f"{layout.GATES}/confirm", f"{layout.FAILURES}/confirm",
+                   f"{layout.LOGS}/confirm")
 #: with ``reselect``: the locked selection, the plan built from it and what followed from it (capacity)
-RESELECT_OUTPUTS = ("selection", "plan/confirm.json", "capacity", "logs/selection", "logs/capacity")
+RESELECT_OUTPUTS = (layout.SELECTION, layout.plan("confirm", ""), layout.CAPACITY, f"{layout.LOGS}/selection",
+                    f"{layout.LOGS}/capacity")
 
 
 def archive_confirmation(results: str, to: str, stamp: str | None = None, reselect: bool = False) -> str:
@@ -122,8 +141,9 @@ def archive_confirmation(results: str, to: str, stamp: str | None = None, resele
     from pathlib import Path
 
     res = Path(results)
-    if not (res / "confirm" / "rounds").is_dir() and not (reselect and (res / "plan" / "confirm.json").exists()):
-        raise DecisionRuleError(f"{res / 'confirm' / 'rounds'}: no confirmation checkpoint to archive (run `snakemake "
+    rounds = Path(layout.confirm_rounds_dir(res))
+    if not rounds.is_dir() and not (reselect and Path(layout.plan("confirm", res)).exists()):
+        raise DecisionRuleError(f"{rounds}: no confirmation checkpoint to archive (run `snakemake "
                                 "confirm` first)")
     dest = Path(to) / f"confirm-{stamp or compact()}"
     if dest.exists():

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.core.timestamps import compact
 
 #: checkpoint output -> results built from it that present the study as current
 CHECKPOINT_DEPENDENTS = {
-    "results/selection/selection.json": ("results/report", "results/tables"),
-    "results/selection/final-candidate.json": ("results/report",),
+    layout.selection(): (layout.report_dir(), layout.tables_dir()),
+    layout.final_candidate(): (layout.report_dir(),),
 }
 
 
@@ -33,7 +34,7 @@ def stale_dependents(root: str | os.PathLike = ".", capacity: bool = True) -> li
     root = Path(root)
     out = []
     for checkpoint, dependents in CHECKPOINT_DEPENDENTS.items():
-        if checkpoint.endswith("final-candidate.json") and not capacity:
+        if checkpoint == layout.final_candidate() and not capacity:
             continue
         if (root / checkpoint).exists():
             continue

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.arms import K_METHODS, METHODS, arm_name
 from specstudy.measure import cell, prom
 from specstudy.study.phase_decl import CORE_PHASES
@@ -365,16 +365,23 @@ def convert_cell(cell_dir: str | Path, phase: str = "screen") -> tuple[list[dict
 
 def cell_out_dir(results: str | Path, keys: dict) -> Path:
     """``<results>/<phase>/<arm>/rep<r>/<workload>/c<c>``: where ``specstudy tables`` reads a cell."""
-    return Path(results) / keys["phase"] / keys["arm"] / f"rep{keys['rep']}" / keys["workload"] / f"c{keys['concurrency']}"
+    return Path(layout.cell_dir(keys["phase"], keys["arm"], keys["rep"], keys["workload"], keys["concurrency"],
+                                root=results))
+
+
+def _deployment_record_of(cell_out: Path) -> Path:
+    """The deployment record beside an imported cell's folder (``<results>/<phase>/<arm>/rep<r>/deployment.json``)."""
+    k = layout.parse("cell_dir", cell_out)
+    return Path(layout.deployment_record(k["phase"], k["arm"], k["rep"], root=k["root"]))
 
 
 def _refuse_other_deployment(out: Path, keys: dict, cell_dir: Path) -> None:
-    if (out / "summary.json").is_file():
-        prev = atomic.read_json(out / "summary.json")
+    if (out / layout.CELL_SUMMARY).is_file():
+        prev = atomic.read_json(out / layout.CELL_SUMMARY)
         prev_dep = (prev.get("keys") or {}).get("deployment_id")
         if prev_dep != keys["deployment_id"]:
             raise UpstreamError(
-                f"{out / 'summary.json'}: already holds deployment {prev_dep!r}, and {Path(cell_dir)} (deployment "
+                f"{out / layout.CELL_SUMMARY}: already holds deployment {prev_dep!r}, and {Path(cell_dir)} (deployment "
                 f"{keys['deployment_id']!r}) maps to the same arm {keys['arm']!r}, repeat {keys['rep']}, workload and "
                 "concurrency. Import the two sets into separate output roots (different drafters of one method and "
                 "depth share an arm name), or remove the old cell")
@@ -399,7 +406,7 @@ def import_cell(cell_dir: str | Path, results: str | Path, phase: str = "screen"
         tmp.replace(out / name)
     from specstudy.core.integrity import seal
 
-    atomic.write_json(out / "summary.json", seal(summary))
+    atomic.write_json(out / layout.CELL_SUMMARY, seal(summary))
     return out
 
 
@@ -602,7 +609,7 @@ def import_summary(cell_dir: str | Path, results: str | Path, phase: str = "conf
     _refuse_other_deployment(out, summary["keys"], Path(cell_dir))
     if (Path(cell_dir) / "metadata.json").is_file():
         atomic.write_json(out / "upstream_metadata.json", atomic.read_json(Path(cell_dir) / "metadata.json"))
-    atomic.write_json(out / "summary.json", seal(summary))
+    atomic.write_json(out / layout.CELL_SUMMARY, seal(summary))
     return out
 
 
@@ -734,7 +741,7 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
         "phase": k["phase"],
         "arm": first["arm_spec"],
         "rep": k["rep"],
-        "rep_label": f"rep{k['rep']}",
+        "rep_label": layout.rep_label(k["rep"]),
         "kind": "repeat",
         "status": "ok",
         "failure": None,
@@ -758,8 +765,8 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
         "cache_config": cache_config,
         "smoke": {"captures": []},
         "cells": [{"workload": c["summary"]["keys"]["workload"], "concurrency": c["summary"]["keys"]["concurrency"],
-                   "summary": str(Path(c["summary"]["keys"]["workload"]) / f"c{c['summary']['keys']['concurrency']}"
-                                  / "summary.json"),
+                   "summary": str(Path(layout.cell_rel(c["summary"]["keys"]["workload"],
+                                                       c["summary"]["keys"]["concurrency"])) / layout.CELL_SUMMARY),
                    "status": "ok" if c["summary"]["validity"]["valid"] else "invalid", "deployment_id": dep_id}
                   for c in sorted(cells, key=lambda c: (c["summary"]["keys"]["workload"], c["summary"]["keys"]["concurrency"]))],
         "times": {"start": None, "ready": None, "stop": None},
@@ -773,13 +780,12 @@ def write_deployments(imported: list[dict], prov: Provenance, report: tuple[Path
     deployment's cells already there from an earlier import (same deployment) are kept in its cell list."""
     from specstudy.core import schemas
 
-    by_dir: dict[Path, list[dict]] = {}
+    by_record: dict[Path, list[dict]] = {}
     for c in imported:
-        by_dir.setdefault(c["out"].parent.parent, []).append(c)
+        by_record.setdefault(_deployment_record_of(c["out"]), []).append(c)
     written = []
-    for rdir, cells in sorted(by_dir.items()):
+    for path, cells in sorted(by_record.items()):
         rec = deployment_record(cells, prov, report)
-        path = rdir / "deployment.json"
         if path.is_file():
             prev = atomic.read_json(path)
             if prev.get("deployment_id") != rec["deployment_id"]:
@@ -883,14 +889,14 @@ def cmd_import(args: argparse.Namespace) -> int:
             if summary_only:
                 if args.out:
                     out = import_summary(d, args.out, args.phase, arms)
-                    s = atomic.read_json(out / "summary.json")
+                    s = atomic.read_json(out / layout.CELL_SUMMARY)
                 else:
                     out, s = None, convert_summary(d, args.phase, arms)
                 arm_spec = s["upstream"]["arm_spec"]
             else:
                 if args.out:
                     out = import_cell(d, args.out, args.phase)
-                    s = atomic.read_json(out / "summary.json")
+                    s = atomic.read_json(out / layout.CELL_SUMMARY)
                 else:
                     out, s = None, convert_cell(d, args.phase)[1]
                 meta = atomic.read_json(d / "metadata.json")

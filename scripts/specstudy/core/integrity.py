@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specstudy.core import layout
 from specstudy.core.errors import UserError
 
 FIELD = "integrity"
@@ -41,12 +42,15 @@ def seal(summary: dict) -> dict:
 
 
 def sealed_copies(path: Any) -> list:
-    """The attempt copies of a published cell summary (``<out>/attempts/*/<workload>/c<N>/summary.json``, what the
-    deployment job published it from) that carry a seal."""
-    path = Path(path)
-    cdir, wdir, out = path.parent, path.parent.parent, path.parent.parent.parent
+    """The attempt copies of a published cell summary (``<deployment>/attempts/*/<workload>/c<N>/summary.json``,
+    what the deployment job published it from) that carry a seal; none for a path that is no cell summary
+    (specstudy.core.layout)."""
+    if not layout.matches("cell", path):
+        return []
+    k = layout.parse("cell", path)
+    attempts = Path(layout.deployment_dir(k["phase"], k["arm"], k["rep"], root=k["root"])) / layout.ATTEMPTS
     found = []
-    for copy in sorted((out / "attempts").glob(f"*/{wdir.name}/{cdir.name}/summary.json")):
+    for copy in sorted(attempts.glob(f"*/{layout.cell_rel(k['workload'], k['concurrency'])}/{layout.CELL_SUMMARY}")):
         try:
             if isinstance(json.loads(copy.read_bytes()).get(FIELD), dict):
                 found.append(copy)
@@ -117,5 +121,5 @@ def verify_place(raw: dict, path: Any, *, phase: str, arm: str, rep: int, rep_la
     wrong = [f"keys.{k} is {keys.get(k)!r}, the path says {v!r}" for k, v in expected.items() if keys.get(k) != v]
     if wrong:
         raise IntegrityError(f"{path}: this summary belongs elsewhere: {'; '.join(wrong)}. A summary is only valid "
-                             "where its deployment job wrote it: move it back (results/<phase>/<arm>/<rep>/<workload>/"
-                             f"c<concurrency>/summary.json from its keys) or re-measure with `specstudy rerun {path}`")
+                             f"where its deployment job wrote it: move it back ({layout.readable('cell')} from its keys) or "
+                             f"re-measure with `specstudy rerun {path}`")

@@ -250,6 +250,24 @@ def parse(kind: str, path: str | PurePath) -> dict:
     return keys
 
 
+def readable(kind: str, root: str | PurePath = ROOT) -> str:
+    """The ``kind`` path as messages spell it: ``results/<phase>/<arm>/<rep>/...`` (``<root>`` for ``root=None``)."""
+    rel = _readable(TEMPLATES[kind])
+    return f"{'<root>' if root is None else str(root).rstrip('/')}/{rel}"
+
+
+def glob_pattern(kind: str, root: str | PurePath = ROOT, **keys) -> str:
+    """A glob of the ``kind`` paths under ``root``: each key given is fixed, every other one is a ``*``; what
+    :func:`matches` then filters (a glob also finds names the key patterns refuse)."""
+    template = TEMPLATES[kind]
+    extra = sorted(set(keys) - set(_FIELD_RE.findall(template)))
+    if extra:
+        raise LayoutError(f"{kind} path ({_readable(template)}): unknown key(s) {', '.join(extra)}")
+    rel = _FIELD_RE.sub(lambda m: _check_value(kind, m[1], keys[m[1]]) if m[1] in keys else "*", template)
+    root = str(root).replace("\\", "/").rstrip("/")
+    return f"{root}/{rel}" if root else rel
+
+
 def matches(kind: str, path: str | PurePath) -> bool:
     """Whether ``path`` is a ``kind`` path."""
     try:
@@ -433,6 +451,11 @@ def confirm_round(n, root=ROOT) -> str:
     return build("round", root, n=n)
 
 
+def confirm_rounds_dir(root=ROOT) -> str:
+    """``<root>/confirm/rounds``: the confirmation checkpoints (:func:`confirm_round`)."""
+    return _under(root, *_segments(TEMPLATES["round"])[:-1])
+
+
 def capacity_dir(arm, root=ROOT) -> str:
     return build("capacity_dir", root, arm=arm)
 
@@ -469,6 +492,12 @@ def phase_section(phase, root=ROOT) -> str:
 
 def phase_dir(phase, root=ROOT) -> str:
     return _under(root, _check_value("phase", "phase", phase))
+
+
+def phase_file(phase, name, root=ROOT) -> str:
+    """``<root>/<phase>/<name>``: a file or folder an extension phase's summary writes beside its summary
+    (the sampling phase's ``gates/``)."""
+    return _under(phase_dir(phase, root), name)
 
 
 def corpora_dir(root=ROOT) -> str:

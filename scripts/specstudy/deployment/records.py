@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.timestamps import compact, utc_now
 from specstudy.deployment.launchlog import classify_failure, error_excerpt, parse_launch_log
 from specstudy.deployment.redaction import redact_argv, redact_text
@@ -18,14 +18,7 @@ def new_deployment_id(phase: str, arm_name_: str, rep: int) -> str:
     stamp = compact()
     job = os.environ.get("SLURM_JOB_ID")
     suffix = f"j{job}" if job else f"p{os.getpid()}"
-    label = rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}"
-    return f"{phase}-{arm_name_}-{label}-{stamp}-{suffix}"
-
-
-
-def failure_dir(results_dir: str | os.PathLike, phase: str, arm: str, rep: int, deployment_id: str) -> Path:
-    label = rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}"
-    return Path(results_dir) / "deployment-failures" / phase / arm / label / deployment_id
+    return f"{phase}-{arm_name_}-{layout.rep_label(rep)}-{stamp}-{suffix}"
 
 
 def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dict | str, rep: int,
@@ -41,7 +34,7 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
     Returns the path of ``failure.json``.
     """
     arm_spec = arm if isinstance(arm, dict) else {"name": arm}
-    out = failure_dir(results_dir, phase, arm_spec["name"], rep, deployment_id)
+    out = Path(layout.failure_dir(phase, arm_spec["name"], rep, deployment_id, root=results_dir))
     log_text = ""
     if log_path and Path(log_path).exists():
         log_text = Path(log_path).read_text(encoding="utf-8", errors="replace")
@@ -57,8 +50,8 @@ def write_failure_record(results_dir: str | os.PathLike, *, phase: str, arm: dic
         "deployment_id": deployment_id,
         "phase": phase,
         "arm": arm_spec,
-        "rep": int("".join(ch for ch in str(rep) if ch.isdigit()) or 0),
-        "rep_label": rep if isinstance(rep, str) and not rep.isdigit() else f"rep{int(rep)}",
+        "rep": layout.rep_number(rep),
+        "rep_label": layout.rep_label(rep),
         "status": "failed",
         "failure": {"stage": stage, "reason": reason,
                     "error_excerpt": info["excerpt"] or (redact_text(message, secrets) if message else None),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.capture_file import corpus_ref
 from specstudy.core.records import Plan, read_plan
 from specstudy.core.timestamps import utc_now
@@ -71,13 +71,14 @@ WARMUP_SEED_OFFSET = 1_000_000
 
 
 def _cell_rel(cell: dict) -> str:
-    return f"{cell['workload']}/c{int(cell['concurrency'])}"
+    """A plan cell's folder inside the deployment's folder and inside an attempt (specstudy.core.layout)."""
+    return layout.cell_rel(cell["workload"], cell["concurrency"])
 
 
 def _previous_valid(out: Path, cell: dict, fingerprint: str) -> Path | None:
     """Newest earlier attempt of this cell that is valid with the same fingerprint."""
     best = None
-    for path in sorted((out / "attempts").glob(f"*/{_cell_rel(cell)}/summary.json")):
+    for path in sorted((out / layout.ATTEMPTS).glob(f"*/{_cell_rel(cell)}/{layout.CELL_SUMMARY}")):
         try:
             s = atomic.read_json(path)
         except (OSError, ValueError):
@@ -90,7 +91,7 @@ def _previous_valid(out: Path, cell: dict, fingerprint: str) -> Path | None:
 
 def _previous_ok_record(out: Path) -> dict | None:
     best, best_t = None, -1.0
-    for path in (out / "attempts").glob("*/record.json"):
+    for path in (out / layout.ATTEMPTS).glob(f"*/{layout.ATTEMPT_RECORD}"):
         try:
             rec = atomic.read_json(path)
         except (OSError, ValueError):
@@ -108,17 +109,13 @@ def _keys(spec: dict, cell: dict, deployment_id: str) -> dict:
             "num_speculative_tokens": arm.get("num_speculative_tokens"),
             "draft_tensor_parallel_size": arm.get("draft_tensor_parallel_size"),
             "tensor_parallel_size": int(spec["engine"]["target"].get("tensor_parallel_size") or 1),
-            "rep": _rep_number(spec["rep"]), "rep_label": spec["rep"], "kind": spec["kind"],
+            "rep": layout.rep_number(spec["rep"]), "rep_label": spec["rep"], "kind": spec["kind"],
             "workload": cell["workload"], "concurrency": int(cell["concurrency"]), "deployment_id": deployment_id}
     kwargs = chat_template_kwargs(spec, cell["workload"])
     if kwargs:  # a switched workload carries its switch (docs/thinking.md)
         keys["chat_template_kwargs"] = kwargs
     return keys
 
-
-def _rep_number(rep: str) -> int:
-    digits = "".join(ch for ch in str(rep) if ch.isdigit())
-    return int(digits or 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,7 +251,7 @@ def _open_job(spec: dict, out: str | os.PathLike, results_root: str | os.PathLik
 
     deployment_id = records.new_deployment_id(spec["phase"], spec["arm"]["name"], spec["rep"])
     out = Path(out)
-    attempt = out / "attempts" / deployment_id
+    attempt = out / layout.ATTEMPTS / deployment_id
     attempt.mkdir(parents=True, exist_ok=True)
     job = _Job(spec=spec, out=out, results_root=Path(results_root), deployment_id=deployment_id, attempt=attempt,
                eng=engine_flat(spec["engine"]), lock=atomic.read_json(lock_path) if lock_path else {},
@@ -271,7 +268,7 @@ def _prepare_cells(job: _Job, plan: Plan | None, plan_path: str | None) -> None:
     planned_digests = {k: v.digest for k, v in plan.corpora.items()} if plan is not None and plan.corpora else {}
     context = fingerprint_context(job.spec)
     for c in job.spec["cells"]:
-        entry = {"cell": c, "declared": job.out / _cell_rel(c) / "summary.json"}
+        entry = {"cell": c, "declared": job.out / _cell_rel(c) / layout.CELL_SUMMARY}
         cj = atomic.read_json(Path(c["corpus_dir"]) / "corpus.json")
         entry["corpus"] = corpus_ref(cj)
         expected = planned_digests.get(c["corpus_dir"])
@@ -312,7 +309,7 @@ def _write_failed_cell(job: _Job, entry: dict, code: str, detail: str) -> None:
     from specstudy.core.integrity import seal
 
     seal(s)
-    path = job.attempt / _cell_rel(entry["cell"]) / "summary.json"
+    path = job.attempt / _cell_rel(entry["cell"]) / layout.CELL_SUMMARY
     atomic.write_json(path, s)
     _publish_cell(job, entry, path, code)
 
@@ -320,7 +317,7 @@ def _write_failed_cell(job: _Job, entry: dict, code: str, detail: str) -> None:
 def _record_base(job: _Job) -> dict:
     arm = job.arm
     return {"schema": records.DEPLOYMENT_SCHEMA, "deployment_id": job.deployment_id, "phase": job.spec["phase"],
-            "arm": arm, "rep": _rep_number(job.spec["rep"]), "rep_label": job.spec["rep"], "kind": job.spec["kind"],
+            "arm": arm, "rep": layout.rep_number(job.spec["rep"]), "rep_label": job.spec["rep"], "kind": job.spec["kind"],
             "tensor_parallel_size": {"target": int(job.eng.get("tensor_parallel_size") or 1),
                                      "draft": arm.get("draft_tensor_parallel_size") if arm["method"] == "draft_model"
                                      else None}}
@@ -343,9 +340,9 @@ def _publish_without_server(job: _Job) -> int:
     # gets the bytes of the record it republishes, so that nothing downstream sees new content.
     from specstudy.core import schemas
 
-    schemas.validate(rec, "deployment", f"{job.attempt}/record.json")
-    atomic.write_json(job.attempt / "record.json", rec)
-    atomic.replace_if_changed(job.out / "deployment.json", same.read_bytes())
+    schemas.validate(rec, "deployment", f"{job.attempt}/{layout.ATTEMPT_RECORD}")
+    atomic.write_json(job.attempt / layout.ATTEMPT_RECORD, rec)
+    atomic.replace_if_changed(job.out / layout.DEPLOYMENT_RECORD, same.read_bytes())
     job.log(f"deployment record unchanged: republished {same}")
     return 0
 
@@ -356,7 +353,7 @@ def _equivalent_record(out: Path, rec: dict) -> Path | None:
     from specstudy.core.content import same_deployment
 
     found = []
-    for path in (out / "attempts").glob("*/record.json"):
+    for path in (out / layout.ATTEMPTS).glob(f"*/{layout.ATTEMPT_RECORD}"):
         try:
             old = atomic.read_json(path)
         except (OSError, ValueError):
@@ -471,10 +468,10 @@ def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
     if not job.death.alive():  # the server died during this cell: its numbers are not a measurement
         _write_failed_cell(job, entry, "deployment_failed", _died_message(job.death, job.deployment_id, cdir))
         return False
-    _mark_jit(job, summary, cdir / "summary.json")
+    _mark_jit(job, summary, cdir / layout.CELL_SUMMARY)
     v = summary.get("validity") or {}
     job.log(f"cell {_cell_rel(c)}: valid={v.get('valid')} reasons={[r.get('code') for r in v.get('reasons', [])]}")
-    _publish_cell(job, entry, cdir / "summary.json", "valid" if v.get("valid") else "rejected")
+    _publish_cell(job, entry, cdir / layout.CELL_SUMMARY, "valid" if v.get("valid") else "rejected")
     return True
 
 
@@ -609,10 +606,10 @@ def _write_record(out: Path, attempt: Path, rec: dict, publish: bool = True) -> 
     from specstudy.core import schemas
     from specstudy.core.content import same_deployment
 
-    schemas.validate(rec, "deployment", f"{attempt}/record.json")
-    atomic.write_json(attempt / "record.json", rec)
+    schemas.validate(rec, "deployment", f"{attempt}/{layout.ATTEMPT_RECORD}")
+    atomic.write_json(attempt / layout.ATTEMPT_RECORD, rec)
     if publish:  # a republication of the same deployment (cells reused, no server) leaves the file as it is
-        atomic.write_json_if_changed(out / "deployment.json", rec, same=same_deployment)
+        atomic.write_json_if_changed(out / layout.DEPLOYMENT_RECORD, rec, same=same_deployment)
 
 
 CAPACITY_FILES = ("gates.json", "steps.jsonl", "soaks.jsonl", "capacity.png", "knee.json")  # knee.json last

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
+from specstudy.core import layout
 from specstudy.core.errors import UserError
 from specstudy.core.stat_util import median
 from specstudy.phases.registry import Phase, register_phase
@@ -50,10 +50,6 @@ SCHEMA = "specstudy.ignore-eos/1"
 NOT_HONOURED = "fixed_length_not_honoured"
 ONE_DEPLOYMENT = "one deployment: no interval"
 SOURCES = {"fixed_length": PHASE, "natural_eos": NATURAL_PHASE}
-
-_CELL_TAIL = re.compile(r"(?:^|/)(?P<arm>[^/]+)/(?P<rep>(?:rep|drift)[0-9]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/"
-                        r"summary\.json$")
-
 
 class IgnoreEosInputError(UserError):
     """Bad input to the ignore_eos analysis; the message names the file, the field and the fix."""
@@ -134,12 +130,12 @@ def _read(paths: list, phase: str, source: str, output_tokens: int | None) -> li
             want = "results/ignore_eos/..." if phase == PHASE else "results/confirm/..."
             raise IgnoreEosInputError(f"{p}: field '$.keys.phase' is {k.phase!r}, expected {phase!r} for the "
                                       f"{source.replace('_', ' ')} cells; pass summaries from {want}")
-        m = _CELL_TAIL.search(p.as_posix())
-        label = k.rep_label or f"rep{k.rep}"
-        if m and (m["arm"], m["rep"], m["workload"], int(m["conc"])) != (k.arm, label, k.workload, k.concurrency):
+        m = layout.parse("cell", p) if layout.matches("cell", p) else None
+        label = k.rep_label or layout.rep_label(k.rep)
+        if m and (m["arm"], m["rep"], m["workload"], m["concurrency"]) != (k.arm, label, k.workload, k.concurrency):
             raise IgnoreEosInputError(
                 f"{p}: fields '$.keys' (arm {k.arm}, rep {label}, workload {k.workload}, concurrency "
-                f"{k.concurrency}) do not match the path ({m['arm']}/{m['rep']}/{m['workload']}/c{m['conc']}); the "
+                f"{k.concurrency}) do not match the path ({m['arm']}/{m['rep']}/{layout.cell_rel(m['workload'], m['concurrency'])}); the "
                 "summary was copied to the wrong place: rerun the cell (specstudy rerun <path>)")
         key = (k.arm, label, k.workload, k.concurrency)
         if key in seen:
@@ -413,7 +409,7 @@ def section_markdown(result: dict) -> str:
 
 
 def _cell_name(r: dict) -> str:
-    return f"{r['phase']}/{r['arm']}/{r.get('rep_label') or 'rep' + str(r['rep'])}/{r['workload']}/c{r['concurrency']}"
+    return layout.cell_dir(r["phase"], r["arm"], r.get("rep_label") or r["rep"], r["workload"], r["concurrency"], root="")
 
 
 def _plain(e: dict) -> dict:

@@ -442,14 +442,14 @@ class ProfilePhase(Phase):
 
     @staticmethod
     def _stop(job) -> None:
-        from specstudy.core import atomic
+        from specstudy.core import atomic, layout
 
         job.progress.phase("profile", "stop and write traces")
         stop(job.server.base_url, api_key=job.eng.get("api_key"))
         job.progress.end_phase()
         trace_dir = Path(job.extension["profile_traces"])
         result = summarize_traces(trace_dir)
-        cells = [f"{e['cell']['workload']}/c{int(e['cell']['concurrency'])}" for e in job.to_measure]
+        cells = [layout.cell_rel(e["cell"]["workload"], e["cell"]["concurrency"]) for e in job.to_measure]
         result.update(arm=job.arm["name"], cell=", ".join(cells), deployment_id=job.deployment_id)
         path = trace_dir.parent / "summary.json"
         atomic.write_json(path, result)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.errors import UserError
 from specstudy.core.records import read_deployment, read_plan
 from specstudy.phases import registry
@@ -23,23 +23,15 @@ from specstudy.study.phase_decl import DECLS
 __all__ = ["PhaseRun", "failed_deployments", "planned_files", "summarize"]
 
 
-def record_path(results: str | Path, phase: str, arm: str, rep: str) -> Path:
-    return Path(results) / phase / arm / rep / "deployment.json"
-
-
-def cell_path(results: str | Path, phase: str, arm: str, rep: str, workload: str, concurrency: int) -> Path:
-    return Path(results) / phase / arm / rep / workload / f"c{int(concurrency)}" / "summary.json"
-
-
 def planned_files(plan_path: str | Path, results: str | Path = "results") -> dict:
     """The planned deployments of a phase: their record paths, cell paths and the records themselves."""
     plan = read_plan(plan_path)
     deployments = []
     for dep in plan.deployments:
-        rec_path = record_path(results, plan.phase, dep.arm, dep.rep)
+        rec_path = Path(layout.deployment_record(plan.phase, dep.arm, dep.rep, root=Path(results)))
         rec = read_deployment(rec_path) if rec_path.exists() else None
         deployments.append({"arm": dep.arm, "rep": dep.rep, "record_path": str(rec_path), "record": rec,
-                            "cells": [str(cell_path(results, plan.phase, dep.arm, dep.rep, c.workload, c.concurrency))
+                            "cells": [layout.cell_summary(plan.phase, dep.arm, dep.rep, c.workload, c.concurrency, root=Path(results))
                                       for c in dep.cells]})
     return {"plan": plan, "deployments": deployments}
 
@@ -94,7 +86,7 @@ class PhaseRun:
 
     def confirm_cells(self) -> list[str]:
         """The confirmation plan's existing cells (greedy, natural EOS): shown beside a phase, never pooled."""
-        plan = self.results / "plan" / "confirm.json"
+        plan = Path(layout.plan("confirm", self.results))
         if not plan.exists():
             return []
         files = planned_files(plan, self.results)
@@ -104,7 +96,7 @@ class PhaseRun:
         """The arm's capacity knee when the phase's declaration joins the knees and the file exists."""
         if "knees" not in DECLS[self.phase].joins(self.cfg):
             return None
-        path = self.results / "capacity" / arm / "knee.json"
+        path = Path(layout.capacity_knee(arm, self.results))
         return str(path) if path.exists() else None
 
 

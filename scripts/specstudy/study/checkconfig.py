@@ -29,11 +29,11 @@ def check(path: str | Path, profile: str | Path | None = None, results: str | Pa
     if results:  # the study's results so far: the pre-registration they were measured under
         import os
 
-        from specstudy.core import atomic
+        from specstudy.core import atomic, layout
         from specstudy.study.config import ConfigError
         from specstudy.study.prereg_guard import verify_lock, verify_recorded
 
-        lock = Path(results) / "screen" / "prereg-lock.json"
+        lock = Path(layout.prereg_lock(results))
         if lock.exists():
             locked = atomic.read_json(lock).get("preregistration")
             if locked and os.path.abspath(locked) != os.path.abspath(prereg_path(cfg)):

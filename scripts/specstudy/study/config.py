@@ -10,7 +10,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from specstudy.core import schemas
+from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
@@ -123,7 +123,7 @@ def load_config(path: str | Path) -> dict:
 DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity", "workload_options")
 
 
-def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str, str]:
+def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]:
     """The workflow's effective config as content-addressed files, ``{path: text}`` (written by the
     rule ``effective_config``, never while the workflow is parsed): ``<hash>.json`` holds the whole
     config (plans, selection, report); ``deployment-<hash>.json`` only :data:`DEPLOYMENT_SECTIONS`, so
@@ -134,7 +134,7 @@ def effective_config_files(cfg: dict, root: str = "results/.config") -> dict[str
     out = {}
     for prefix, data in (("", cfg), ("deployment-", {k: cfg[k] for k in DEPLOYMENT_SECTIONS if k in cfg})):
         text = json.dumps(data, sort_keys=True, indent=1)
-        out[f"{root}/{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"] = text
+        out[layout.config_file(f"{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}", root)] = text
     return out
 
 

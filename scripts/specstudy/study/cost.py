@@ -29,6 +29,7 @@ import json
 import os
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.core.stat_util import median
 from specstudy.core.timestamps import to_unix
 from specstudy.study import plan as planmod
@@ -70,8 +71,8 @@ def measured(results: str | Path) -> dict:
                 cap.append(s["capacity"])
     per_req: dict[int, list[float]] = {}
     drains = []
-    for p in sorted(results.glob("*/*/*/*/c*/summary.json")) if results.exists() else []:
-        if p.parts[-6] not in CORE_PHASES:
+    for p in sorted(results.glob(layout.glob_pattern("cell", ""))) if results.exists() else []:
+        if not layout.matches("cell", p) or layout.parse("cell", p)["phase"] not in CORE_PHASES:
             continue
         try:
             s = json.loads(p.read_text(encoding="utf-8"))
@@ -185,7 +186,7 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
     cells_cfg = cfg["cells"]
     phases = []
     screen = planmod.make_plan(cfg, "screen")
-    sel_path = Path(results) / "selection" / "selection.json"
+    sel_path = Path(layout.selection(results))
     if sel_path.exists():
         conf_arms = json.loads(sel_path.read_text())["confirmation_arms"]
         conf_note = f"arms from {sel_path}: {', '.join(conf_arms)}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.core.timestamps import to_unix
 from specstudy.study.plan import CORE_PHASES
 
@@ -31,7 +32,7 @@ def records(results: str | Path) -> list[dict]:
     seen: set[str] = set()
     out = []
     for ph in PHASE_DIRS:
-        for p in sorted((results / ph).glob("**/deployment.json")):
+        for p in sorted((results / ph).glob(f"**/{layout.DEPLOYMENT_RECORD}")):
             try:
                 rec = json.loads(p.read_text(encoding="utf-8"))
             except (OSError, ValueError):

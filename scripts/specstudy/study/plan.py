@@ -24,6 +24,7 @@ import random
 from itertools import product
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.core.arms import ARM_PATTERN, arm_name
 from specstudy.core.atomic import sha256_file
 from specstudy.study.config import ConfigError
@@ -32,8 +33,6 @@ from specstudy.study.prereg import load_prereg, prereg_path
 
 # re-exported: rules/common.smk reads plan.ARM_PATTERN; the phases are declared in specstudy.study.phase_decl
 __all__ = ["ARM_PATTERN", "CORE_PHASES", "PHASES", "arm_name"]
-REP_PATTERN = r"rep[0-9]+|drift[0-9]+"
-WORKLOAD_PATTERN = r"[a-z][a-z0-9_]*"
 
 
 def _engine_refusal(cfg: dict, method: str) -> str | None:
@@ -181,7 +180,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
         block = (r - 1) % blocks + 1
         for name in order:
             cells = cell_order(cfg, phase, name, r - 1, workloads, design["concurrency"]) if workloads else []
-            by_block[block].append({"phase": phase, "arm": name, "rep": f"rep{r}", "kind": kind, "round": r, "block": block,
+            by_block[block].append({"phase": phase, "arm": name, "rep": layout.rep_label(r), "kind": kind, "round": r, "block": block,
                                     "adaptive": r > max(initial, base_reps), "cells": cells})
 
     for r in range(1, max(initial, base_reps) + 1):
@@ -190,7 +189,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     for block in range(1, blocks + 1):
         for _ in range(drift_n if "baseline" in names else 0):
             drift_counter += 1
-            by_block[block].append({"phase": phase, "arm": "baseline", "rep": f"drift{drift_counter}", "kind": "drift",
+            by_block[block].append({"phase": phase, "arm": "baseline", "rep": layout.drift_label(drift_counter), "kind": "drift",
                                     "round": None, "block": block, "adaptive": False, "cells": [dict(drift)]})
     # Adaptive rounds come after the drift baselines so that nothing always-run waits for a round that may not run.
     for r in range(max(initial, base_reps) + 1, cap + 1):

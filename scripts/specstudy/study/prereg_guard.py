@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.study.config import ConfigError
 
 
@@ -76,12 +76,11 @@ def verify_recorded(results: str | os.PathLike, prereg_file: str | os.PathLike) 
     (``prereg_sha256``): refuse (ConfigError) when one differs from the file, so that deleting
     ``results/screen/prereg-lock.json`` after an edit cannot launder the edit into a fresh lock."""
     results, prereg_file = Path(results), Path(prereg_file)
-    screen = results / "screen"
-    if not screen.is_dir():
+    if not Path(layout.phase_dir("screen", results)).is_dir():
         return
     current = atomic.sha256_file(prereg_file)
-    lock = screen / "prereg-lock.json"
-    for rec in sorted(screen.glob("*/*/deployment.json")):
+    lock = Path(layout.prereg_lock(results))
+    for rec in sorted(results.glob(layout.glob_pattern("deployment", "", phase="screen"))):
         try:
             recorded = atomic.read_json(rec).get("prereg_sha256")
         except atomic.BadFile as exc:

@@ -15,11 +15,11 @@ a fresh server, valid cells with the same fingerprint reused, the others measure
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.core.errors import UserError
 
 
@@ -45,17 +45,24 @@ def snakemake_command(targets: list[str], *, profile: str | None = "profiles/loc
     return cmd
 
 
-CELL_PATTERN = "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>/summary.json"
+CELL_PATTERN = layout.readable("cell")
 PATTERNS = (CELL_PATTERN + " (a cell: re-runs its deployment)",
-            "results/<phase>/<arm>/<rep>/deployment.json (a whole deployment)",
-            "results/report/report.md, results/selection/selection.json, ... (any other output of the workflow)")
-_CELL_RE = re.compile(r"^results/(?P<phase>[^/]+)/(?P<arm>[^/]+)/(?P<rep>[^/]+)/(?P<workload>[^/]+)/c(?P<conc>[0-9]+)/"
-                      r"summary\.json$")
+            layout.readable("deployment") + " (a whole deployment)",
+            f"{layout.report_file('report.md')}, {layout.selection()}, ... (any other output of the workflow)")
+
+
+def _cell(path: str) -> layout.Cell | None:
+    """The cell a path relative to the working directory names (under ``results/``), else None."""
+    try:
+        cell = layout.parse_cell(path)
+    except layout.LayoutError:
+        return None
+    return cell if cell.root == layout.ROOT else None
 
 
 def _existing_cells(directory: Path) -> list[str]:
-    return sorted(str(p.relative_to(directory)) for p in directory.glob("results/*/*/*/*/c*/summary.json")
-                  if "/attempts/" not in str(p))
+    return sorted(rel for rel in (str(p.relative_to(directory)) for p in directory.glob(layout.glob_pattern("cell")))
+                  if _cell(rel))
 
 
 def _planned_cells(directory: Path) -> dict[str, list[str]]:
@@ -63,12 +70,13 @@ def _planned_cells(directory: Path) -> dict[str, list[str]]:
     import json
 
     out: dict[str, list[str]] = {}
-    for plan in sorted((directory / "results" / "plan").glob("*.json")):
+    for plan in sorted(directory.glob(layout.glob_pattern("plan"))):
         try:
+            phase = layout.parse("plan", plan)["phase"]
             data = json.loads(plan.read_text(encoding="utf-8"))
-            out[plan.stem] = [f"results/{plan.stem}/{d['arm']}/{d['rep']}/{c['workload']}/c{c['concurrency']}/summary.json"
-                              for d in data["deployments"] for c in d["cells"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            out[phase] = [layout.cell_summary(phase, d["arm"], d["rep"], c["workload"], c["concurrency"])
+                          for d in data["deployments"] for c in d["cells"]]
+        except (OSError, ValueError, KeyError, TypeError, layout.LayoutError):
             continue
     return out
 
@@ -90,25 +98,25 @@ def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> Non
     patterns = "; ".join(PATTERNS)
     for t in targets:
         norm = os.path.normpath(t)
-        if not norm.startswith("results/"):
-            raise UserError(f"rerun: {t}: not a path under results/ (relative to {directory.resolve()}); valid "
+        if not norm.startswith(layout.ROOT + "/"):
+            raise UserError(f"rerun: {t}: not a path under {layout.ROOT}/ (relative to {directory.resolve()}); valid "
                             f"patterns: {patterns}; e.g. results/screen/baseline/rep1/code/c1/summary.json")
         if t.endswith("/") or (directory / norm).is_dir():
             inside = [c for c in known if c.startswith(norm + "/")]
             raise UserError(f"rerun: {t}: is a directory, not a result; name the cells to re-run "
                             f"({CELL_PATTERN}): {_nearest(norm, inside or known, 5)}")
-        if not norm.endswith("summary.json"):
+        if not norm.endswith(layout.CELL_SUMMARY):
             continue
-        m = _CELL_RE.match(norm)
-        if not m:
+        cell = _cell(norm)
+        if cell is None:
             raise UserError(f"rerun: {t}: not a cell path (a cell is {CELL_PATTERN}); valid patterns: {patterns}. "
                             f"Nearest cells: {_nearest(norm, known)}")
-        phase = m["phase"]
+        phase = cell.phase
         if phase in planned and norm not in planned[phase] and not (directory / norm).exists():
-            arms = sorted({c.split("/")[2] for c in planned[phase]})
-            plan = f"results/plan/{phase}.json"
-            if m["arm"] not in arms:
-                raise UserError(f"rerun: {t}: {m['arm']!r} is not an arm of {plan} (its arms: {', '.join(arms)}); "
+            arms = sorted({layout.parse_cell(c).arm for c in planned[phase]})
+            plan = layout.plan(phase)
+            if cell.arm not in arms:
+                raise UserError(f"rerun: {t}: {cell.arm!r} is not an arm of {plan} (its arms: {', '.join(arms)}); "
                                 f"nearest cells: {_nearest(norm, planned[phase])}")
             raise UserError(f"rerun: {t}: not a cell of {plan}; nearest cells: {_nearest(norm, planned[phase])}")
 

@@ -23,12 +23,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 from specstudy.core.atomic import sha256_file
 from specstudy.core.records import Plan, read_plan, to_record
 
-CONFIRM_PLAN = "results/plan/confirm.json"
-SELECTION = "results/selection/selection.json"
+CONFIRM_PLAN = layout.plan("confirm")
+SELECTION = layout.selection()
 #: the command that archives confirmation with the selection and its plan, so that both are made again
 RESELECT_COMMAND = "make confirm-again RESELECT=1"
 RESTORE_COMMAND = "specstudy check-results --repair"
