@@ -164,3 +164,11 @@ def test_the_check_can_fail(tmp_path):
     assert "import circle: pkg.high.c <-> pkg.high.d" in problems
     assert check(pkg, "pkg", ("low", "high", "stray", "gone")) == [
         "layer 'gone' has no folder", *[p for p in problems if "LAYERS" not in p]]
+
+
+def test_every_module_says_its_concept():
+    """Every module opens with a docstring saying what it is (issue 30: a newcomer reads the package from its
+    folder names and first lines)."""
+    missing = [str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py"))
+               if not (ast.get_docstring(ast.parse(p.read_text(), str(p))) or "").strip()]
+    assert not missing, f"modules without a docstring: {missing}"
