@@ -14,6 +14,7 @@ from specstudy.deployment import launchlog
 from specstudy.report import costmodel
 from specstudy.report import document as report
 from specstudy.report.blocks import render_markdown
+from specstudy.report.files import from_root
 
 GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
 SCALE = GPU / "cuda-logs" / "scale-model-8b"
@@ -110,12 +111,12 @@ def test_report_section_on_constructed_tables(tmp_path):
     B: list = []
     comps = [{"phase": "confirm", "arm": "draft-k2-tp1", "workload": "code", "concurrency": 1,
               "speedup": {"n": 3, "geomean": 1.6, "ci_low": 1.4, "ci_high": 1.8}}]
-    m = costmodel.report_section(B, cells, deps, tmp_path, comps)
+    m = costmodel.report_section(B, cells, deps, (None, None), comps)
     assert len(m["steps"]) == 2
     md = render_markdown(B)
     assert "## Cost model" in md and "4.00 (memory-bound)" in md and "1.600 [1.400, 1.800]" in md
     B2: list = []
-    costmodel.report_section(B2, [c for c in cells if c["arm"] == "baseline"], deps, tmp_path)
+    costmodel.report_section(B2, [c for c in cells if c["arm"] == "baseline"], deps)
     assert "nothing to model" in B2[-1][1]
 
 
@@ -210,7 +211,7 @@ def test_the_report_carries_the_cost_model(tmp_path):
 
     res = make_results_tree(tmp_path)
     tables.build_tables(res, res / "tables")
-    out = report.build(res, res / "tables", {}, tmp_path / "report")
+    out = report.build(from_root(res, res / "tables"), {}, tmp_path / "report")
     cm = out["cost_model"]
     assert cm["phase"] == "confirm" and [(s["arm"], s["concurrency"]) for s in cm["steps"]] == \
         [("draft-k3-tp4", 1), ("draft-k3-tp4", 8)]

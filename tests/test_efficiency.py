@@ -14,6 +14,7 @@ from specstudy.core import atomic
 from specstudy.measure import telemetry
 from specstudy.report import document as report
 from specstudy.report import efficiency, plots
+from specstudy.report.files import from_root
 from test_nvml import fake_pynvml, fresh  # noqa: F401  (fixture)
 from test_tables import make_results_tree
 
@@ -84,7 +85,7 @@ def test_cells_table_and_report_give_joules_per_token_per_arm(tmp_path):
     one = cells[(cells.arm == "draft-k3-tp4") & (cells.concurrency == 8) & (cells.phase == "confirm")].iloc[0]
     assert one.energy_j_per_output_token == pytest.approx(1.5 / 1.8, rel=1e-12)
     assert one.gpu_energy_j == pytest.approx(1.5 / 1.8 * 384, rel=1e-12) and one.gpu_energy_window_s == 10.0
-    out = report.build(res, res / "tables", {}, tmp_path / "report")
+    out = report.build(from_root(res, res / "tables"), {}, tmp_path / "report")
     rows = {(r["phase"], r["workload"], r["concurrency"], r["arm"]): r for r in out["energy"]}
     r = rows[("confirm", "chat", 8, "draft-k3-tp4")]
     assert r["j_per_token"] == pytest.approx(1.5 / 1.8) and r["ratio_to_baseline"] == pytest.approx(0.75)
@@ -105,7 +106,7 @@ def test_cpu_run_says_energy_is_absent_not_zero(tmp_path):
     tables.build_tables(res, res / "tables")
     cells = tables.read_tables(res / "tables")["cells"]
     assert cells["energy_j_per_output_token"].isna().all() and cells["gpu_energy_j"].isna().all()
-    out = report.build(res, res / "tables", {}, tmp_path / "report")
+    out = report.build(from_root(res, res / "tables"), {}, tmp_path / "report")
     assert out["energy"] == []
     md = (tmp_path / "report" / "report.md").read_text()
     assert "energy per output token is absent, not zero" in md

@@ -12,6 +12,7 @@ from specstudy.analysis import tables
 from specstudy.deployment import launchlog
 from specstudy.measure import telemetry
 from specstudy.report import document as report
+from specstudy.report.files import from_root
 from test_nvml import fake_pynvml
 from test_tables import make_results_tree
 
@@ -89,7 +90,7 @@ def test_cells_and_deployments_tables_carry_nvml_startup_and_memory(tmp_path):
 
 def test_report_section_with_gpu_and_on_a_cpu_run(tmp_path):
     res = make_gpu_tree(tmp_path / "gpu")
-    report.build(res, res / "tables", {}, res / "report")
+    report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     html = (res / "report" / "report.html").read_text()
     assert "## GPU, start-up and memory" in md and "<h2>GPU, start-up and memory</h2>" in html
@@ -104,7 +105,7 @@ def test_report_section_with_gpu_and_on_a_cpu_run(tmp_path):
 
     cpu = make_results_tree(tmp_path / "cpu", confirm=False)
     tables.build_tables(cpu, cpu / "tables")
-    report.build(cpu, cpu / "tables", {}, cpu / "report")
+    report.build(from_root(cpu, cpu / "tables"), {}, cpu / "report")
     md = (cpu / "report" / "report.md").read_text()
     assert "No GPU telemetry (CPU run): no cell recorded NVML or nvidia-smi series." in md
     assert "No start-up phases recorded" in md

@@ -144,6 +144,7 @@ def test_run_writes_both_sets_and_the_drop(tmp_path, fixture_models):
 def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     from specstudy.analysis import tables
     from specstudy.report import document as report
+    from specstudy.report.files import from_root
     from specstudy.report.sections.inputs import measured_acceptance
     from test_tables import make_results_tree
 
@@ -165,7 +166,7 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     rec = {"schema": heldout.SCHEMA, "k": [3], "max_new_tokens": 12, **heldout.analyse(per_prompt, [3])}
     (res / "models" / "fixture").mkdir(parents=True)
     (res / "models" / "fixture" / "heldout.json").write_text(json.dumps(rec))
-    out = report.build(res, res / "tables", {}, res / "report")
+    out = report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     assert "## Fixture acceptance on held-out text" in md
     tr = rec["sets"]["workloads"]["by_k"]["3"]["acceptance_rate"]
@@ -180,7 +181,7 @@ def test_report_shows_the_drop_beside_vllms_own_figure(tmp_path):
     assert out["fixture_heldout"]["drop"]["3"] == pytest.approx(1 - he)
     # without the record the section says why it is absent
     (res / "models" / "fixture" / "heldout.json").unlink()
-    report.build(res, res / "tables", {}, res / "report2")
+    report.build(from_root(res, res / "tables"), {}, res / "report2")
     assert "Not measured: no results/models/fixture/heldout.json" in (res / "report2" / "report.md").read_text()
 
 

@@ -159,7 +159,7 @@ def test_duty_cycle_from_records(tmp_path):
 
     rec("screen", "baseline", 0, 20, 50, [("launch", 20), ("smoke", 5), ("warmup", 5), ("measure", 15), ("stop", 3)])
     rec("screen", "ngram-k2", 0, 10, 50)  # an old record: start-up only
-    rows = {r["phase"]: r for r in duty.duty_cycle(tmp_path)}
+    rows = {r["phase"]: r for r in duty.duty_cycle(duty.records(tmp_path))}
     sc = rows["screen"]
     assert sc["deployments"] == 2 and sc["with_timeline"] == 1 and sc["deployment_seconds"] == 100
     assert sc["launch_share"] == pytest.approx(0.30) and sc["measure_share"] == pytest.approx(0.15)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from specstudy.analysis import tables
 from specstudy.report import document as report
+from specstudy.report.files import from_root
 from test_tables import EFFECTS, make_results_tree
 
 LAUNCH = ["vllm", "serve", "/models/apertus-70b", "--tensor-parallel-size", "4"]
@@ -38,8 +40,7 @@ def _prereg(tmp_path):
     return p
 
 
-def test_report_full_tree(tmp_path):
-    res = _build(tmp_path, effects=CLEAR)
+def _with_knees(res):
     for arm, knee, kv in (("baseline", 4.0, 100000), ("draft-k3-tp4", 5.0, 80000)):
         (res / "capacity" / arm).mkdir(parents=True)
         (res / "capacity" / arm / "knee.json").write_text(json.dumps(
@@ -51,10 +52,20 @@ def test_report_full_tree(tmp_path):
              "confirmation": {"count": 3, "duration_s": 60, "knee_verdicts": ["pass"] * 3,
                               "above_verdicts": ["fail", "pass", "fail"], "confirmed": True,
                               "moves": [{"from_knee_rps": knee * 1.25, "to_knee_rps": knee, "direction": "down"}]}}))
+    return res
+
+
+def _config(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH},
                                "study": {"preregistration": str(_prereg(tmp_path))},
                                "corpora": {"workloads": {w: f"{w}.yaml" for w in ("code", "chat", "summarization")}}}))
+    return cfg
+
+
+def test_report_full_tree(tmp_path):
+    res = _with_knees(_build(tmp_path, effects=CLEAR))
+    cfg = _config(tmp_path)
     from specstudy.cli import main
 
     assert main(["report", "--results", str(res), "--tables", str(res / "tables"), "--config", str(cfg),
@@ -85,7 +96,7 @@ def test_report_full_tree(tmp_path):
 
 def test_report_without_confirmation_or_capacity(tmp_path):
     res = _build(tmp_path, confirm=False)
-    summary = report.build(res, res / "tables", {}, res / "report")
+    summary = report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     assert summary["recommendation"]["decision"] == "insufficient_evidence"
     assert "no confirm cells" in md and "No confirm comparisons." in md
@@ -98,13 +109,13 @@ def test_report_flags_selection_that_read_confirmation(tmp_path):
     sel = json.loads((res / "selection" / "selection.json").read_text())
     sel["inputs"] = [{"path": "results/confirm/draft-k3-tp4/rep0/code/c1/summary.json", "sha256": "1" * 64}]
     (res / "selection" / "selection.json").write_text(json.dumps(sel))
-    report.build(res, res / "tables", {}, res / "report")
+    report.build(from_root(res, res / "tables"), {}, res / "report")
     assert "YES — the selection read confirmation data" in (res / "report" / "report.md").read_text()
 
 
 def test_report_empty_results(tmp_path):
     tables.build_tables(tmp_path / "results", tmp_path / "t")
-    report.build(tmp_path / "results", tmp_path / "t", None, tmp_path / "r")
+    report.build(from_root(tmp_path / "results", tmp_path / "t"), None, tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
     assert "no screen cells" in md and "no gate verdicts" in md and "no selection" in md
     shutil.rmtree(tmp_path / "r")
@@ -118,7 +129,7 @@ def test_report_names_inconclusive_cells_and_the_rounds_run(tmp_path):
     (rounds / "round3.json").write_text(json.dumps(
         {"round": 3, "decision": "do_not_enable", "continue": True, "why": "undecided after 3 rounds: draft-k3-tp4 chat@c8",
          "stability": {"resamples": 10, "outcomes": {"do_not_enable": 0.8, "enable draft-k3-tp4": 0.2}}}))
-    summary = report.build(res, res / "tables", {}, res / "report")
+    summary = report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     rec = summary["recommendation"]
     assert rec["decision"] == "do_not_enable" and rec["undecided"][0]["what"] == "chat@c8"
@@ -135,7 +146,52 @@ def test_report_shows_drift_from_drift_deployments(tmp_path):
     res = make_results_tree(tmp_path)
     _add_drift_deployment(res)
     tables.build_tables(res, res / "tables")
-    summary = report.build(res, res / "tables", {}, res / "report")
+    summary = report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     assert "Interleaved drift baseline deployments (screen/drift1): 1 valid cell(s), 1 in the trend" in md
     assert summary["drift"]["n_by_kind"]["drift"] == 1
+
+
+def test_report_from_named_files_equals_the_report_from_the_results_root(tmp_path):
+    """The workflow's way (every file named, as rules/report.smk passes its inputs) and the interactive
+    ``--results`` give the same report of the same tree."""
+    import glob
+
+    from specstudy.cli import main
+    from specstudy.core import layout
+
+    res = _with_knees(_build(tmp_path, effects=CLEAR))
+    cfg = _config(tmp_path)
+    for n in (3, 4, 10):  # the checkpoints, in round order (10 after 4)
+        Path(layout.confirm_round(n, res)).parent.mkdir(parents=True, exist_ok=True)
+        Path(layout.confirm_round(n, res)).write_text(json.dumps(
+            {"round": n, "decision": "enable", "continue": n < 10, "why": f"checkpoint {n}"}))
+    assert main(["report", "--results", str(res), "--config", str(cfg), "--out", str(tmp_path / "by-root")]) == 0
+    root = str(res)
+    records = [p for ph in ("screen", "confirm") for p in glob.glob(layout.glob_pattern("deployment", root, phase=ph))]
+    named = {
+        "--table-files": [layout.table(t, root) for t in ("cells", "requests", "deployments", "gates")],
+        "--selection": [layout.selection(root)],
+        "--rounds": glob.glob(layout.glob_pattern("round", root)),
+        "--knees": [layout.capacity_knee("draft-k3-tp4", root), layout.capacity_knee("baseline", root)],
+        "--corpora": glob.glob(layout.glob_pattern("corpus", root)),
+        "--records": records[::-1],  # any order
+    }
+    assert named["--rounds"] and named["--corpora"] and records
+    for f in (layout.final_candidate(root),):
+        if Path(f).exists():
+            named["--final-candidate"] = [f]
+    argv = ["report", "--config", str(cfg), "--out", str(tmp_path / "by-files")]
+    for opt, files in named.items():
+        argv += [opt, *files]
+    assert main(argv) == 0
+    a, b = tmp_path / "by-root", tmp_path / "by-files"
+    assert (b / "report.md").read_text() == (a / "report.md").read_text()
+    assert json.loads((b / "recommendation.json").read_text()) == json.loads((a / "recommendation.json").read_text())
+    assert sorted(p.name for p in (b / "plots").iterdir()) == sorted(p.name for p in (a / "plots").iterdir())
+    md = (b / "report.md").read_text()
+    assert md.index("checkpoint 4") < md.index("checkpoint 10") and "| draft-k3-tp4 | 5 | 6.25 |" in md
+    # named files are the only ones read: without the knees, the capacity section says they are missing
+    argv = [x for x in argv if x not in named["--knees"]]
+    assert main(argv[:argv.index("--out") + 1] + [str(tmp_path / "no-knees")] + argv[argv.index("--out") + 2:]) == 0
+    assert "Missing: no results/capacity/*/knee.json" in (tmp_path / "no-knees" / "report.md").read_text()

@@ -21,6 +21,7 @@ import pytest
 
 from browser import find_chromium, inspect_page
 from specstudy.report import document as report
+from specstudy.report.files import from_root
 from test_report import LAUNCH, _build
 
 
@@ -45,7 +46,7 @@ def _report(tmp_path) -> Path:
         rec["phases"] = [{"phase": p, "start": "", "end": "", "seconds": s} for p, s in PHASES]
         path.write_text(json.dumps(rec))
     cfg = {"recommendation": {"launch_args": LAUNCH}}
-    report.build(res, res / "tables", cfg, res / "report")
+    report.build(from_root(res, res / "tables"), cfg, res / "report")
     return res / "report"
 
 

@@ -191,11 +191,12 @@ def test_build_from_config_follows_the_study_config(tmp_path, fixture_models):
 
 def test_report_note_labels_the_scale_model_study_from_its_record(built, tmp_path):
     out, record = built
-    assert sm.report_note({"scale_model": {"build": False}}, tmp_path) is None
-    assert "record (" in sm.report_note({"scale_model": {"build": True}}, tmp_path)  # says the record is missing
-    (tmp_path / "models" / "scale").mkdir(parents=True)
-    shutil.copy(out / sm.RECORD_NAME, tmp_path / "models" / "scale" / sm.RECORD_NAME)
-    note = sm.report_note({"scale_model": {"build": True}}, tmp_path)
+    path = tmp_path / "models" / "scale" / sm.RECORD_NAME
+    assert sm.report_note({"scale_model": {"build": False}}, path) is None
+    assert "record (" in sm.report_note({"scale_model": {"build": True}}, path)  # says the record is missing
+    path.parent.mkdir(parents=True)
+    shutil.copy(out / sm.RECORD_NAME, path)
+    note = sm.report_note({"scale_model": {"build": True}}, path)
     assert note.startswith("Scale model: the trained fixture pair widened")
     assert f"target {record['target']['parameters']:,} parameters (hidden 1024, 6 layers, 16 heads, 8 KV heads)" in note
     assert f"greedy equal on {_prompt_count()} of {_prompt_count()} smoke prompts" in note

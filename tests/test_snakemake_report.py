@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from specstudy.report import document as report
+from specstudy.report.files import from_root
 from specstudy.report.plots import PLOT_CAPTIONS, plot_caption
 from test_report import LAUNCH, _build
 from test_workflow_dag import ROOT, fake_screening, sm, workdir  # noqa: F401  (fixture)
@@ -59,7 +60,7 @@ def test_snakemake_report_zip_has_plots_with_captions(workdir, tmp_path):  # noq
     sm(workdir, "results/selection/selection.json")
     _fake_confirmation(workdir)
     res = _build(tmp_path / "tree")
-    report.build(res, res / "tables", {"recommendation": {"launch_args": LAUNCH}}, workdir / "results" / "report")
+    report.build(from_root(res, res / "tables"), {"recommendation": {"launch_args": LAUNCH}}, workdir / "results" / "report")
     now = time.time()
     for f in (workdir / "results" / "report").rglob("*"):
         os.utime(f, (now, now))

@@ -872,13 +872,19 @@ def build_tables(results: str | Path | None, out: str | Path, *, files: dict[str
 
 
 def read_tables(tables: str | Path) -> dict:
-    """The four tables as pandas DataFrames (missing files give empty frames with the core columns)."""
+    """The four tables of the folder ``tables`` as pandas DataFrames (:func:`read_table_files`)."""
+    return read_table_files({table: Path(tables) / f"{table}.parquet" for table in TABLE_NAMES})
+
+
+def read_table_files(files: dict[str, str | Path]) -> dict:
+    """The four tables as pandas DataFrames from their files (table name → Parquet file); a table not given, or
+    whose file is missing, is an empty frame with the core columns."""
     import pandas as pd
 
     out = {}
     for table in TABLE_NAMES:
-        p = Path(tables) / f"{table}.parquet"
-        if p.exists():
+        p = Path(files[table]) if files.get(table) is not None else None
+        if p is not None and p.exists():
             out[table] = pd.read_parquet(p)
         else:
             out[table] = pd.DataFrame({n: pd.Series(dtype="object") for n, _ in CORE_COLUMNS[table]})

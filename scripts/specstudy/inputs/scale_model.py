@@ -36,7 +36,7 @@ import shutil
 import time
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, layout
 
 SCHEMA = "specstudy.scale-model/1"
 LABEL = "scale model"
@@ -487,15 +487,16 @@ def wanted(config_path: str | Path) -> bool:
     return bool((cfg.get("scale_model") or {}).get("build"))
 
 
-def report_note(config: dict, results: str | Path = "results") -> str | None:
-    """The report's paragraph saying the study ran on the scale model (None when the config has none)."""
+def report_note(config: dict, record: str | Path | None) -> str | None:
+    """The report's paragraph saying the study ran on the scale model, from its ``record`` (``scale.json``;
+    None or absent: the paragraph says it is missing); None when the config has no scale model."""
     if not (config.get("scale_model") or {}).get("build"):
         return None
     text = (f"{LABEL.capitalize()}: the trained fixture pair widened, function-preserving, into an 8B/1B-shaped pair "
             "(docs/gpu.md, \"The scale-model study\"): memory traffic, KV cost and engine behaviour are the wide "
             "pair's; outputs and acceptance are the 6 M fixture pair's.")
-    path = Path(results) / "models" / "scale" / RECORD_NAME
-    if not path.exists():
+    path = Path(record if record is not None else layout.models_dir("scale", RECORD_NAME))
+    if record is None or not path.exists():
         return text + f" Its record ({path}) is missing."
     rec = atomic.read_json(path)
     parts = []

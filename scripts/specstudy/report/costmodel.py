@@ -193,23 +193,27 @@ def cost_model(cells: list[dict], deployments: list[dict] | None = None, *, phas
             "predictions": predictions}
 
 
-def load_inputs(results: str | Path) -> tuple[dict | None, dict | None]:
-    """The mechanics point's and the profile phase's summaries under ``results`` (None where absent)."""
+def load_inputs(mechanics: str | Path | None, profile: str | Path | None) -> tuple[dict | None, dict | None]:
+    """The mechanics point's summary (``results/mechanics/mechanics.json``) and the profile phase's
+    (``results/profile/summary.json``), each None where not given or absent."""
     from specstudy.core import atomic
 
-    results = Path(results)
-    mech, prof = results / "mechanics" / "mechanics.json", results / "profile" / "summary.json"
-    return (atomic.read_json(mech) if mech.exists() else None, atomic.read_json(prof) if prof.exists() else None)
+    def read(p):
+        return atomic.read_json(p) if p is not None and Path(p).exists() else None
+
+    return read(mechanics), read(profile)
 
 
 def _f(v: Any, fmt: str = "{:.3f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def report_section(B: list, cells: list[dict], deployments: list[dict], results: str | Path,
+def report_section(B: list, cells: list[dict], deployments: list[dict],
+                   inputs: tuple[str | Path | None, str | Path | None] = (None, None),
                    comps: list[dict] | None = None, phase: str = "confirm") -> dict:
-    """The report's "Cost model" section (specstudy.report.blocks); returns the model."""
-    mechanics, profile = load_inputs(results)
+    """The report's "Cost model" section (specstudy.report.blocks) with the mechanics point's and the profile
+    phase's summaries ``inputs`` (:func:`load_inputs`); returns the model."""
+    mechanics, profile = load_inputs(*inputs)
     if not any(_valid(c, phase) for c in cells):
         phase = "screen"
     model = cost_model(cells, deployments, phase=phase, mechanics=mechanics, profile=profile)

@@ -1,9 +1,12 @@
 """The study report: Markdown + self-contained HTML (PNG plots referenced), recommendation and patch.
 
-``specstudy report --results results --tables results/tables --config <resolved config json> --out results/report``
+``specstudy report --table-files <the four tables> --selection … --config <resolved config json> --out results/report``
+(the workflow names every file; rules/report.smk), or ``specstudy report --results results`` (the same files found
+under a results root: :func:`specstudy.report.files.from_root`).
 
-The report is built from the Parquet tables (:mod:`specstudy.analysis.tables`), a few raw JSON files
-(selection, corpora, capacity) and the resolved config. Every section works with missing pieces
+The report is built from the files it is given (:class:`specstudy.report.files.ReportFiles`): the Parquet tables
+(:mod:`specstudy.analysis.tables`), a few raw JSON files (selection, rounds, final candidate, corpora, capacity,
+deployment records) and the resolved config. Every section works with missing pieces
 and says what is missing. Section meanings: docs/report.md.
 
 :func:`build` computes the study's figures once and reads as the report's table of contents; each section
@@ -16,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specstudy.core import layout
 from specstudy.core.records import read_selection
 from specstudy.report.blocks import Block, render_html, render_markdown
+from specstudy.report.files import ReportFiles, knee_arms, records_by_phase, rounds_in_order
 from specstudy.report.sections.candidates import candidates_section, memory_rows
 from specstudy.report.sections.capacity import capacity_section
 from specstudy.report.sections.extensions import extension_sections
@@ -35,11 +38,11 @@ from specstudy.report.sections.validity import drift_section, network_section, v
 from specstudy.study.plan import CORE_PHASES
 
 
-def build(results: str | Path, tables_dir: str | Path, config: dict | None, out: str | Path,
-          sections: list[str] | None = None) -> dict:
-    """Compute everything and write report.md, report.html, plots/, recommendation.json and patches."""
+def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
+    """Compute everything from ``files`` and write report.md, report.html, plots/, recommendation.json and
+    patches."""
     from specstudy.analysis import jit
-    from specstudy.analysis.tables import read_tables
+    from specstudy.analysis.tables import read_table_files
     from specstudy.core import atomic
     from specstudy.inference import stats
     from specstudy.inference.decision import recommend
@@ -48,11 +51,11 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     from specstudy.study import duty
     from specstudy.study.prereg import load_prereg
 
-    results, out = Path(results), Path(out)
+    out = Path(out)
     config = config or {}
     # --- the figures every section reads
     s = stats.settings(config)
-    t = read_tables(tables_dir)
+    t = read_table_files(files.tables)
     cells = stats._records(t["cells"])
     deps = stats._records(t["deployments"])
     gates = stats._records(t["gates"])
@@ -65,7 +68,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     if not gates:
         missing.append("no gate verdicts (results/gates/)")
     prereg = load_prereg(config) if (config.get("study") or {}).get("preregistration") else None
-    rec = with_capacity_half(recommend(comps, gates, config, prereg), results, config)
+    rec = with_capacity_half(recommend(comps, gates, config, prereg), files, config)
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
     model["phase"] = s["analysis"]["hypothesis_phase"]
     declared, hyp_source = declared_hypotheses(config)
@@ -74,7 +77,7 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     hyps = stats.hypotheses(comps, t["deployments"], declared, model)
     dr = stats.drift(t["cells"], t["deployments"], comps, config)
     mem = stats.memory_costs(t["deployments"])
-    sel = selection_check(read_selection(layout.selection(results)))
+    sel = selection_check(read_selection(files.selection) if files.selection is not None else None)
     if not sel["present"]:
         missing.append("no selection (results/selection/selection.json)")
     plots = out / "plots"
@@ -83,23 +86,23 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
 
     # --- the report, in order
     B: list[Block] = []
-    scale = report_note(config, results)  # the scale-model study labels its report (issue 27)
+    scale = report_note(config, files.scale)  # the scale-model study labels its report (issue 27)
     B.append(("h", 1, "Speculative decoding study report" + (f" ({LABEL})" if scale else "")))
     if scale:
         B.append(("p", scale))
-    B.append(("p", f"Built from {tables_dir} (tables rebuilt from raw artifacts under {results}). "
+    B.append(("p", f"Built from {files.tables_dir} (tables rebuilt from raw artifacts under {files.results_root}). "
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
     B.append(("h", 2, "Recommendation"))
     patches = recommendation_section(B, rec, deps, s, out)
-    decision_evidence_section(B, rec, results)
+    decision_evidence_section(B, rec, rounds_in_order(files))
     B.append(("h", 2, "Missing pieces"))
     B.append(("ul", missing or ["nothing: all inputs present"]))
     results_tables(B, comps, s)
     plots_section(B, plots, rec, comps, cells, mem_rows, t["requests"], dr)
     candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     selection_section(B, sel)
-    corpus_section(B, results)
-    heldout = heldout_section(B, results, cells)
+    corpus_section(B, list(files.corpora))
+    heldout = heldout_section(B, files.heldout, cells)
     validity_section(B, cells, deps, comps)
     jit.report_section(B, cells)
     gpu_section(B, cells, deps)
@@ -108,12 +111,12 @@ def build(results: str | Path, tables_dir: str | Path, config: dict | None, out:
     network_section(B, cells, dr)
     drift_section(B, dr)
     model_section(B, model)
-    cost = costmodel.report_section(B, cells, deps, results, comps)
+    cost = costmodel.report_section(B, cells, deps, (files.mechanics, files.profile), comps)
     hypotheses_section(B, declared, hyp_source, hyps)
     method_section(B, s)
-    capacity_section(B, results, out)
-    duty_rows = duty.report_section(B, results)
-    extension_sections(B, sections or [])
+    capacity_section(B, knee_arms(files), out)
+    duty_rows = duty.report_section(B, duty.read_records(records_by_phase(files)))
+    extension_sections(B, list(files.sections))
 
     # --- written
     atomic.write_text(out / "report.md", render_markdown(B))

@@ -27,14 +27,20 @@ PHASE_DIRS = (*CORE_PHASES, "capacity")
 
 
 def records(results: str | Path) -> list[dict]:
-    """Deployment records of the study, one per deployment id (declared outputs first)."""
+    """Deployment records of the study under ``results``, one per deployment id (declared outputs first)."""
     results = Path(results)
+    return read_records({ph: sorted((results / ph).glob(f"**/{layout.DEPLOYMENT_RECORD}")) for ph in PHASE_DIRS})
+
+
+def read_records(files: dict[str, list[str | Path]]) -> list[dict]:
+    """The deployment records given by phase folder (``PHASE_DIRS`` order), one per deployment id; an unreadable
+    file is skipped."""
     seen: set[str] = set()
     out = []
     for ph in PHASE_DIRS:
-        for p in sorted((results / ph).glob(f"**/{layout.DEPLOYMENT_RECORD}")):
+        for p in files.get(ph) or []:
             try:
-                rec = json.loads(p.read_text(encoding="utf-8"))
+                rec = json.loads(Path(p).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             if not isinstance(rec, dict) or rec.get("deployment_id") in seen:
@@ -69,11 +75,12 @@ def split(rec: dict) -> dict | None:
     return {**parts, "total": total, "timeline": timeline}
 
 
-def duty_cycle(results: str | Path) -> list[dict]:
-    """One row per phase directory with deployments: counts, total seconds and the share of each part."""
+def duty_cycle(recs: list[dict]) -> list[dict]:
+    """One row per phase directory with deployments (of the records :func:`records` / :func:`read_records`
+    read): counts, total seconds and the share of each part."""
     rows = []
     by: dict[str, list[dict]] = {}
-    for rec in records(results):
+    for rec in recs:
         s = split(rec)
         if s is not None:
             by.setdefault(rec["_phase_dir"], []).append(s)
@@ -101,9 +108,10 @@ def duty_cycle(results: str | Path) -> list[dict]:
     return rows
 
 
-def report_section(B: list, results: str | Path) -> list[dict]:
-    """Append the report's "Duty cycle" section to the block list ``B`` (see specstudy.report.document)."""
-    rows = duty_cycle(results)
+def report_section(B: list, recs: list[dict]) -> list[dict]:
+    """Append the report's "Duty cycle" section of the deployment records ``recs`` to the block list ``B``
+    (see specstudy.report.document)."""
+    rows = duty_cycle(recs)
     B.append(("h", 2, "Duty cycle: where the deployment time went"))
     if not rows:
         B.append(("p", "Missing: no deployment record with start and stop times under results/{screen,confirm,capacity}."))

@@ -6,21 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specstudy.core import layout
-from specstudy.measure.capacity.run import KNEE_FILE, PLOT_FILE
+from specstudy.measure.capacity.run import PLOT_FILE
 from specstudy.report.blocks import fmt
 from specstudy.report.plots import plot_caption
 
 
-def capacity_section(B, results: Path, out: Path) -> None:
-    """Open-loop capacity (docs/capacity.md): knees per arm, kept apart from fixed-concurrency results."""
+def capacity_section(B, knee_files: dict[str, str], out: Path) -> None:
+    """Open-loop capacity (docs/capacity.md): knees per arm (``knee_files``, arm → ``knee.json``; each search's plot
+    beside its knee), kept apart from fixed-concurrency results."""
     import shutil
 
     from specstudy.core.records import read_knee
     from specstudy.measure.capacity.knee import compare_knees, kv_capacity_tokens
 
     B.append(("h", 2, "Capacity (separate from the fixed-concurrency results)"))
-    knee_files = {p.parent.name: p for p in sorted(Path(results, layout.CAPACITY).glob(f"*/{KNEE_FILE}"))}
+    knee_files = {arm: Path(p) for arm, p in sorted(knee_files.items()) if Path(p).exists()}
     knees = {arm: read_knee(p) for arm, p in knee_files.items()}
     if not knees:
         B.append(("p", "Missing: no results/capacity/*/knee.json (run `snakemake capacity`)."))

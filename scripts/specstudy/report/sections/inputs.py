@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specstudy.core import layout
 from specstudy.core.records import SelectionRecord
 from specstudy.report.blocks import fmt
 
@@ -21,9 +20,10 @@ def read_json_or_none(path: Path) -> Any:
         return None
 
 
-def corpora(results: Path) -> list[dict]:
+def corpora(files: list[str]) -> list[dict]:
+    """The built corpora ``files`` (``corpus.json``), each with the ``token_stats.json`` beside it."""
     out = []
-    for p in sorted(Path(layout.corpora_dir(results)).glob("*/*/corpus.json")):
+    for p in map(Path, sorted(files)):
         c = read_json_or_none(p) or {}
         out.append({"dir": p.parent, "corpus": c, "token_stats": read_json_or_none(p.parent / "token_stats.json")})
     return out
@@ -55,9 +55,9 @@ def selection_section(B, sel):
                    "deployments after selection, is used for the recommendation."))
 
 
-def corpus_section(B, results: Path):
+def corpus_section(B, files: list[str]):
     B.append(("h", 2, "Workloads: licensing and token lengths"))
-    cs = corpora(results)
+    cs = corpora(files)
     if not cs:
         B.append(("p", "Missing: no results/corpora/*/*/corpus.json."))
         return
@@ -85,9 +85,10 @@ def measured_acceptance(cells: list[dict], k: int, workload: str | None = None) 
     return {"cells": len(rows), "acceptance_rate": acc / dt if dt else None}
 
 
-def heldout_section(B, results: Path, cells: list[dict]) -> dict | None:
-    """Acceptance of the fixture draft on held-out text vs the workloads' training text (#16 item 11)."""
-    rec = read_json_or_none(Path(layout.models_dir("fixture", root=results)) / "heldout.json")
+def heldout_section(B, heldout: str | None, cells: list[dict]) -> dict | None:
+    """Acceptance of the fixture draft on held-out text vs the workloads' training text (#16 item 11), from the
+    fixture's ``heldout.json`` (None: not measured)."""
+    rec = read_json_or_none(Path(heldout)) if heldout is not None else None
     B.append(("h", 2, "Fixture acceptance on held-out text"))
     if rec is None:
         B.append(("p", "Not measured: no results/models/fixture/heldout.json (the study does not build the fixture "

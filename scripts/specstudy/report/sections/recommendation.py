@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specstudy.core import layout
 from specstudy.measure.capacity.run import STEPS_FILE
 from specstudy.report.blocks import fmt
+from specstudy.report.files import ReportFiles, knee_arms
 from specstudy.report.sections.inputs import read_json_or_none
 
 
-def with_capacity_half(rec: dict, results: Path, config: dict) -> dict:
-    """The confirmation decision with the seed's second half: the pre-registered capacity criteria."""
+def with_capacity_half(rec: dict, files: ReportFiles, config: dict) -> dict:
+    """The confirmation decision with the seed's second half: the pre-registered capacity criteria (of the
+    final candidate and the capacity knees in ``files``; each search's steps beside its knee)."""
     from specstudy.analysis import capacity_criteria
     from specstudy.core import atomic
     from specstudy.core.records import read_capacity_steps, read_knee
@@ -28,17 +29,17 @@ def with_capacity_half(rec: dict, results: Path, config: dict) -> dict:
         crit = load_prereg(config).get("capacity_criteria")
     arm = rec.get("enable")
     if arm is None:
-        fc = Path(layout.final_candidate(results))
-        arm = atomic.read_json(fc).get("arm") if fc.exists() else None
+        fc = files.final_candidate
+        arm = atomic.read_json(fc).get("arm") if fc is not None and Path(fc).exists() else None
+    knees = {a: p for a, p in knee_arms(files).items() if Path(p).exists()}
     ev = None
-    if crit and arm and Path(layout.capacity_knee("baseline", results)).exists() \
-            and Path(layout.capacity_knee(arm, results)).exists():
+    if crit and arm and "baseline" in knees and arm in knees:
         def steps(a):
-            p = Path(layout.capacity_dir(a, results)) / STEPS_FILE
+            p = Path(knees[a]).parent / STEPS_FILE
             return read_capacity_steps(p) if p.exists() else []
 
-        ev = capacity_criteria.evaluate(crit, read_knee(layout.capacity_knee("baseline", results)),
-                                        read_knee(layout.capacity_knee(arm, results)), steps("baseline"), steps(arm))
+        ev = capacity_criteria.evaluate(crit, read_knee(knees["baseline"]), read_knee(knees[arm]), steps("baseline"),
+                                        steps(arm))
     return capacity_criteria.apply(rec, ev, arm, enabled and crit is not None)
 
 
@@ -155,13 +156,10 @@ def recommendation_section(B, rec, deps, s, out: Path) -> dict:
     return patches
 
 
-def decision_evidence_section(B, rec, results: Path) -> None:
-    """Rounds run (the checkpoints' records) and the cells that drive the decision's stability."""
-    rounds = []
-    for p in sorted(Path(layout.confirm_round(0, results)).parent.glob("round*.json"), key=lambda p: int(p.stem[5:] or 0)):
-        st = read_json_or_none(p)
-        if isinstance(st, dict):
-            rounds.append(st)
+def decision_evidence_section(B, rec, rounds: list[str]) -> None:
+    """Rounds run (the checkpoints' records ``rounds``, in round order) and the cells that drive the decision's
+    stability."""
+    rounds = [st for st in (read_json_or_none(p) for p in rounds) if isinstance(st, dict)]
     if rounds:
         B.append(("p", "Adaptive confirmation — rounds run and why (one checkpoint per round, "
                        "results/confirm/rounds/round<n>.json):"))
