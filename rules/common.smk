@@ -14,6 +14,7 @@ from specstudy.study.config import ConfigError, check_config, effective_config_f
 from specstudy.study.prereg import load_prereg, prereg_path  # noqa: E402
 from specstudy.study.prereg_guard import verify_lock as _verify_lock, verify_recorded as _verify_recorded  # noqa: E402
 from specstudy.analysis import stale as _stale  # noqa: E402
+from specstudy.report import files as _report_files  # noqa: E402
 
 # The config as specstudy's reader parsed it (rules/studyconfig.smk): same merge as Snakemake's, but a
 # `1e3` is the number it spells. Messages name the file(s) actually given.
@@ -570,16 +571,50 @@ def report_inputs(wildcards):
     stale = stale_inputs(layout.report_dir())
     if stale:
         return {"stale": stale}
+    # every file the report reads (specstudy.report.files.ReportFiles), named; cells and gates: through the tables
     return {
-        "screen": screen_cells() + screen_records() + gates_of("screen"),
-        "confirm": confirm_cells() + confirm_records() + gates_of("confirm"),
+        "cells": screen_cells() + confirm_cells(),
+        "records": screen_records() + confirm_records(),
+        "gates": gates_of("screen") + gates_of("confirm"),
         "selection": selection_file(),
+        # the final candidate, a checkpoint the DAG holds only with the capacity search (the capacity half's arm)
+        "final_candidate": [final_candidate_file()] if CAPACITY.get("enabled") else [],
         "rounds": confirm_round_files(),
-        "tables": layout.table("cells"),
-        "capacity": capacity_targets(wildcards),
+        "tables": [layout.table(t) for t in _report_files.TABLES],
+        "knees": capacity_targets(wildcards),
+        "corpora": all_corpus_json(),
         "heldout": [FIXTURE_HELDOUT] if FIXTURES else [],
+        "scale": [SCALE_RECORD] if SCALE else [],
+        # the profile phase's summary, when its section is in the report (the cost model reads it)
+        "profile": [layout.phase_summary("profile")] if "profile" in _ext.in_report(config) else [],
         "sections": report_extension_sections(),
     }
+
+
+#: report_inputs' name → specstudy report's option; a name holding one file at most
+REPORT_OPTIONS = {"tables": "--table-files", "selection": "--selection", "final_candidate": "--final-candidate",
+                  "rounds": "--rounds", "knees": "--knees", "corpora": "--corpora", "heldout": "--heldout",
+                  "scale": "--scale-record", "records": "--records", "profile": "--profile",
+                  "sections": "--sections"}
+_REPORT_SINGLE = {"selection", "final_candidate", "heldout", "scale", "profile"}
+
+
+def report_args(wildcards, input):
+    """The report job's files: every input it was given, each under its option. Planned stale (a checkpoint output
+    it was built from is missing, the real inputs are not known yet), it reads the whole results tree."""
+    names = input.keys()
+    if "stale" in names:
+        return f"--results {layout.ROOT} --sections " + " ".join(report_extension_sections())
+    args = []
+    for name, option in REPORT_OPTIONS.items():
+        # before the checkpoints have run (a dry run), the files are not known yet
+        files = getattr(input, name) if name in names else []
+        files = [files] if isinstance(files, str) else list(files)
+        if name in _REPORT_SINGLE:
+            args += [option, files[0]] if files else []
+        else:
+            args += [option, *files]
+    return " ".join(args)
 
 
 def tables_inputs(wildcards):

@@ -38,13 +38,9 @@ rule build_report:
         layout.benchmark("report", "report")
     params:
         config=CONFIG_FILE,
-        sections=" ".join(report_extension_sections()),
-        # the report still reads its selection, rounds, capacity, corpora and records from the results root
-        # (named here, from the layout; planned stale, its inputs are not known yet)
-        root=results_root_of("report_file", "markdown"),
-        tables=results_root_of("report_file", "markdown", layout.tables_dir),
+        # every file the report reads, given as inputs (rules/common.smk: report_args; planned stale: --results)
+        files=report_args,
     conda:
         "../envs/specstudy.yaml"
     shell:
-        "specstudy report --results {params.root} --tables {params.tables} --config {params.config} "
-        "--out $(dirname {output.markdown}) --sections {params.sections} > {log} 2>&1"
+        "specstudy report {params.files} --config {params.config} --out $(dirname {output.markdown}) > {log} 2>&1"
