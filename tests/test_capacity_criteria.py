@@ -98,6 +98,7 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
     from specstudy.core import atomic
     from specstudy.measure import capacity
     from specstudy.report.blocks import render_markdown
+    from specstudy.report.files import from_root
     from specstudy.report.sections.recommendation import capacity_half_blocks, with_capacity_half
 
     sys.path.insert(0, os.path.dirname(__file__))
@@ -110,7 +111,7 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
         atomic.write_jsonl(results / "capacity" / arm / "steps.jsonl", out.steps)
         atomic.write_json(results / "capacity" / arm / "knee.json", rec)
     cfg = load_config(ROOT / "config" / "config.yaml")
-    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
+    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, from_root(results), cfg)
     ev = rec["capacity_half"]["evaluation"]
     by = {r["criterion"]: r for r in ev["criteria"]}
     assert rec["decision"] == "enable" and ev["met"], ev
@@ -126,7 +127,7 @@ def test_the_report_shows_both_halves_with_figures(tmp_path):
     atomic.write_json(results / "capacity" / "ngram-k4" / "knee.json",
                       dict(atomic.read_json(results / "capacity" / "ngram-k4" / "knee.json"),
                            deployment={"kv_capacity_tokens": 300_000}))
-    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, results, cfg)
+    rec = with_capacity_half({"decision": "enable", "enable": "ngram-k4"}, from_root(results), cfg)
     assert rec["decision"] == "do_not_enable" and rec["capacity_blocker"] == "capacity criteria missed: kv_tokens_lost"
     blocks = []
     capacity_half_blocks(blocks, rec)
