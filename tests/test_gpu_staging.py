@@ -336,3 +336,34 @@ def test_env_puts_the_checkouts_package_before_the_installed_copy(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": first, "PATH": "/usr/bin:/bin"},
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.stdout.strip() == "ok", r.stderr
+
+
+def _git_repo(path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+def test_check_carry_refuses_a_tree_that_leaves_no_room_for_a_part(tmp_path):
+    repo = _git_repo(tmp_path / "repo")
+    (repo / "big.bin").write_bytes(b"\0" * 3_000_000)  # untracked, not ignored: the device call sends it too
+    (repo / ".gitignore").write_text("/ignored/\n")
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "huge.bin").write_bytes(b"\0" * 5_000_000)  # ignored: never sent
+    assert stage.tree_bytes(repo) == 3_000_000 + len("/ignored/\n")
+    assert stage.check_carry(repo, limit=1_000_000, reserve=1_000_000, carry=6_000_000) == stage.tree_bytes(repo)
+    with pytest.raises(stage.StageError, match=r"working tree .* 3\.0 MB.*Fix: move large tracked files"):
+        stage.check_carry(repo, limit=2_000_000, reserve=1_000_000, carry=6_000_000)
+
+
+def test_this_checkout_leaves_room_for_a_part_and_a_resume_pack():
+    """The device call that carries a part sends the whole tree with it: a tree grown by committed results
+    packs made the first part of a lease too large (2026-12-03). Fails here before a lease is refused."""
+    tree = stage.check_carry(ROOT)
+    assert tree + stage.PART_LIMIT + stage.RESUME_RESERVE <= stage.CARRY_LIMIT
+
+
+def test_cli_check_carry_prints_the_room(tmp_path, capsys):
+    repo = _git_repo(tmp_path / "repo")
+    (repo / "a.txt").write_text("x")
+    assert stage.main(["--repo", str(repo), "--check-carry"]) == 0
+    assert "working tree 0.0 MB; room for a 45 MB part" in capsys.readouterr().out

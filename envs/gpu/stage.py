@@ -4,7 +4,7 @@
 Downloads the wheels pinned in envs/gpu/{engine,harness}.txt (sha256-checked by pip and again here), builds
 the sdist-only packages of envs/gpu/build.txt into wheels, slims the vLLM wheel (drops what a Hopper run of
 a Llama-family model does not load) and writes everything into the git-ignored REPO/.stage/ as parts of at
-most 60 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. Every
+most 45 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. Every
 part folder holds the same manifest.json: all parts with each file's sha256 and size, the slim wheel's
 sha256 and how to reassemble it, and the wheel list with hashes. envs/gpu/install_offline.py reads it.
 
@@ -40,7 +40,11 @@ from install_offline import MANIFEST, InstallError, verify_part  # noqa: E402  (
 
 from specstudy.core.atomic import sha256_file  # noqa: E402
 
-PART_LIMIT = 60_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
+PART_LIMIT = 45_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
+CARRY_LIMIT = 64 * 2**20  # what one device call carries: the working tree (tracked and untracked files git does
+# not ignore) plus the carried paths. A part rides with the whole tree, so the tree must leave it room.
+RESUME_RESERVE = 8_000_000  # kept free beside the largest part: a resume pack (lease.sh resume, carried with the
+# last part) and the tree's growth between staging and the lease
 MANIFEST_RESERVE = 64_000  # room kept in each part for manifest.json
 STAGE_DIRNAME = ".stage"
 FORMAT = 1
@@ -421,6 +425,30 @@ def ensure_ignored(repo: Path, stage_dirname: str = STAGE_DIRNAME) -> None:
         f.write(("" if text.endswith("\n") or not text else "\n") + f"/{stage_dirname}/\n")
 
 
+def tree_bytes(repo: Path) -> int:
+    """Bytes the device tool sends as the working tree: tracked files and untracked files git does not ignore."""
+    r = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True)  # fmt: skip
+    if r.returncode != 0:
+        raise StageError(f"{repo} is not a git checkout: cannot size the working tree the device call sends")
+    names = {n for n in r.stdout.decode().split("\0") if n}
+    return sum((repo / n).stat().st_size for n in names if (repo / n).is_file() and not (repo / n).is_symlink())
+
+
+def check_carry(repo: Path, limit: int = PART_LIMIT, reserve: int = RESUME_RESERVE,
+                carry: int = CARRY_LIMIT) -> int:  # fmt: skip
+    """The working tree's bytes, when a part of `limit` bytes plus `reserve` still fits beside it in one device
+    call; otherwise a StageError naming the sizes and the fix (found at staging, not when a lease is refused)."""
+    tree = tree_bytes(repo)
+    if tree + limit + reserve > carry:
+        raise StageError(
+            f"the working tree of {repo} is {tree / 1e6:.1f} MB: with a part of {limit / 1e6:.0f} MB and "
+            f"{reserve / 1e6:.0f} MB kept for a resume pack it exceeds the {carry / 2**20:.0f} MiB one device call "
+            f"carries. Fix: move large tracked files out of the tree (e.g. older results packs under docs/gpu-results/, "
+            f"which git history keeps) or lower PART_LIMIT in envs/gpu/stage.py")
+    return tree
+
+
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -433,6 +461,9 @@ def stage(repo: Path, cache: Path, log=print) -> dict:
     if dup:
         raise StageError(f"pinned in more than one of {', '.join(str(v) for v in lists.values())}: {', '.join(dup)}")
     ensure_ignored(repo)
+    tree = check_carry(repo)
+    log(f"stage: working tree {tree / 1e6:.1f} MB + a part of <= {PART_LIMIT / 1e6:.0f} MB + "
+        f"{RESUME_RESERVE / 1e6:.0f} MB reserve fit the {CARRY_LIMIT / 2**20:.0f} MiB of one device call")
     files = {**fetch_wheels(pins["engine"], lists["engine"], cache),
              **fetch_wheels(pins["harness"], lists["harness"], cache)}  # fmt: skip
     log(f"stage: {len(files)} pinned wheels verified in {cache / 'wheels'} ({time.monotonic() - t0:.1f}s)")
@@ -472,8 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", type=Path, default=REPO, help="repository root (default: this checkout)")
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "SPECSTUDY_GPU_WHEEL_CACHE", Path.home() / ".cache" / "specstudy" / "gpu-wheels")))
+    ap.add_argument("--check-carry", action="store_true",
+                    help="only check that the working tree leaves room for a part and a resume pack in one device call")
     args = ap.parse_args(argv)
     try:
+        if args.check_carry:
+            tree = check_carry(args.repo.resolve())
+            print(f"stage: working tree {tree / 1e6:.1f} MB; room for a {PART_LIMIT / 1e6:.0f} MB part and "
+                  f"{RESUME_RESERVE / 1e6:.0f} MB reserve within {CARRY_LIMIT / 2**20:.0f} MiB")
+            return 0
         stage(args.repo.resolve(), args.cache)
     except StageError as e:
         print(f"stage: error: {e}", file=sys.stderr)
