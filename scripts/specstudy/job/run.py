@@ -151,6 +151,7 @@ class _Job:
     captures: list[str] = field(default_factory=list)
     extension: dict = field(default_factory=dict)  # an extension phase's artifacts (specstudy.phases.registry)
     cache_config: dict | None = None
+    telemetry: Any = None  # the telemetry sampler process of this job's cells (measure.telemetry_worker)
     stop_info: dict | None = None
     # filled after the stop
     confounds: dict | None = None
@@ -409,6 +410,8 @@ def _measure(job: _Job) -> None:
     """The capacity search (capacity jobs) or the phase's step before its cells (the memory sweep), then the
     cells strictly in planned order, inside the phase's context (a profile job runs them under the profiler)."""
     job.cache_config, _ = prom.fetch_kv_cache_config(job.server.base_url, api_key=job.eng.get("api_key"))
+    if job.to_measure:  # before the client is pinned: the sampler process keeps the job's own CPUs
+        job.telemetry = _start_telemetry(job.log)
     _pin_client(job.settings.get("client_cpus"), job.log)
     job.stage = "cells"
     if job.spec["kind"] == "capacity":
@@ -425,6 +428,37 @@ def _measure(job: _Job) -> None:
         for n, entry in enumerate(to_measure, 1):
             if not _measure_cell(job, entry, n, len(to_measure)):
                 break  # the server died: the rest are marked deployment_failed when the records are written
+
+
+def _start_telemetry(log) -> Any:
+    """The cells' telemetry sampler process (nothing of the sampling then holds the load generator's GIL),
+    or None when it cannot start: the cells then go without telemetry, said in the job log and in each cell's
+    ``telemetry.errors`` — the sampling never moves back into the load generator's process."""
+    from specstudy.measure import telemetry_worker
+
+    try:
+        worker = telemetry_worker.SamplerProcess()
+    except (OSError, telemetry_worker.WorkerError) as exc:
+        log(f"telemetry: the sampler process did not start ({exc}); cells are measured without telemetry")
+        return _NoTelemetry(str(exc))
+    log(f"telemetry: sampler process {worker.pid} beside the load generator")
+    return worker
+
+
+class _NoTelemetry:
+    """Stands in for a sampler process that did not start: every ``begin`` fails, naming why."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def begin(self, args: dict) -> None:
+        raise RuntimeError(f"no sampler process: {self.why}")
+
+    def end(self, timeout_s: float) -> dict:
+        raise RuntimeError(f"no sampler process: {self.why}")
+
+    def close(self) -> None:
+        pass
 
 
 def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
@@ -444,7 +478,7 @@ def _measure_cell(job: _Job, entry: dict, n: int, total: int) -> bool:
     if not job.death.alive():
         return False
     sampler = telemetry.TelemetrySampler(cdir / "telemetry.jsonl", metrics_url=server.base_url + "/metrics",
-                                         pgid=server.pgid, api_key=job.eng.get("api_key"))
+                                         pgid=server.pgid, api_key=job.eng.get("api_key"), worker=job.telemetry)
     job.log(f"cell {_cell_rel(c)}: {len(reqs)} requests at concurrency {c['concurrency']}")
     job.progress.set_context(f"cell {n}/{total} {c['workload']} c{c['concurrency']}")
     try:
@@ -504,6 +538,9 @@ def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
 
 def _stop(job: _Job) -> None:
     """Stop the server group (always), note why it may have gone early, read the launch log, collect provenance."""
+    if job.telemetry is not None:
+        job.telemetry.close()
+        job.telemetry = None
     if job.death is not None:
         job.death.close()
         if job.death.died and job.status == "ok":

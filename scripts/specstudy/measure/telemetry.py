@@ -1,4 +1,5 @@
-"""Telemetry beside each cell: a sampler thread writing a JSONL time series.
+"""Telemetry beside each cell: a sampler writing a JSONL time series (in a thread, or in a process of its
+own beside the load generator: :mod:`specstudy.measure.telemetry_worker`).
 
 Each sample (one JSON object per line) holds ``t`` (seconds since the sampler started), ``unix``
 and flat series values:
@@ -363,11 +364,19 @@ class TelemetrySampler:
     Use as a context manager around one cell, or ``start()`` / ``stop()``; ``summary()`` afterwards.
     ``gpu``: False turns GPU sampling off; None/True detect NVML (then nvidia-smi) on the first sample.
     ``nvml``: a ``pynvml``-like module (tests); default ``import pynvml``.
+    ``worker``: a :class:`~specstudy.measure.telemetry_worker.SamplerProcess`: the same sampling runs in that
+    process instead of a thread of this one (the deployment job's cells: nothing of it then holds the load
+    generator's GIL); ``start``/``stop``/``summary`` behave the same. A worker that fails leaves the cell
+    without telemetry, the failure named in ``errors`` — never back in this process.
     """
 
     def __init__(self, out_path: str | os.PathLike, *, metrics_url: str | None = None, pgid: int | None = None,
                  root_pid: int | None = None, interval_s: float = 1.0, gpu: bool | None = None,
-                 api_key: str | None = None, http_timeout_s: float = 2.0, nvml: Any = None):
+                 api_key: str | None = None, http_timeout_s: float = 2.0, nvml: Any = None, worker: Any = None):
+        if worker is not None and nvml is not None:
+            raise ValueError("TelemetrySampler: a worker process samples with its own NVML (nvml= is for a thread)")
+        self.worker = worker
+        self._worker_summary: dict | None = None
         self.out_path = Path(out_path)
         self.metrics_url = metrics_url
         self.interval_s = float(interval_s)
@@ -462,14 +471,37 @@ class TelemetrySampler:
             self._stop.wait(max(0.0, next_t - time.monotonic()))
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def _worker_args(self) -> dict:
+        return {"out_path": str(self.out_path), "metrics_url": self.metrics_url, "pgid": self.pgid,
+                "root_pid": self.root_pid, "interval_s": self.interval_s, "gpu": self.gpu, "api_key": self.api_key,
+                "http_timeout_s": self.http_timeout_s}
+
+    def _worker_failed(self, exc: Exception) -> None:
+        key = f"worker: {exc}"[:200]
+        self._errors[key] = self._errors.get(key, 0) + 1
+
     def start(self) -> TelemetrySampler:
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.worker is not None:
+            self._t0 = time.monotonic()
+            try:
+                self.worker.begin(self._worker_args())
+            except Exception as exc:  # noqa: BLE001 - telemetry must never kill a cell
+                self._worker_failed(exc)
+            return self
         self._fh = open(self._tmp, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self._t0 = time.monotonic()
         self._thread.start()
         return self
 
     def stop(self) -> dict:
+        if self.worker is not None:
+            if not self._errors:  # begin failed: nothing runs there
+                try:
+                    self._worker_summary = self.worker.end(timeout_s=self.interval_s + 30)
+                except Exception as exc:  # noqa: BLE001 - telemetry must never kill a cell
+                    self._worker_failed(exc)
+            return self.summary()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 15)
@@ -497,6 +529,13 @@ class TelemetrySampler:
 
     # -- summary --------------------------------------------------------------------------------
     def summary(self) -> dict:
+        if self.worker is not None:
+            out = dict(self._worker_summary) if self._worker_summary is not None else {
+                **summarize([], interval_s=self.interval_s, errors=self._errors),
+                "gpu": {"source": None, "note": "no telemetry: the sampler process failed", "devices": None}}
+            out["errors"] = {**(out.get("errors") or {}), **self._errors}
+            out["process"] = "worker"
+            return out
         source = "+".join(x for x in (self.gpu_source, "psutil" if self._cpu else None) if x) or None
         out = summarize(self._rows, interval_s=self.interval_s, errors=self._errors, source=source)
         out["gpu"] = {"source": self.gpu_source, "note": self.gpu_note,
