@@ -253,6 +253,9 @@ def test_blocked_event_loop_sets_limited(server):
     assert c["limited"] is True
     assert any(r.startswith("event_loop_lag_p99_ms") for r in c["limited_reasons"]), c
     assert c["event_loop_lag_ms"]["p99"] > 20
+    t = c["tail_tests"]["event_loop_lag_p99_ms"]  # many late ticks, not one: the test, not the p99, decides
+    assert t["verdict"] == "fail" and t["late"] >= 3 and t["n"] == c["event_loop_lag_ms"]["count"]
+    assert (t["p99"], t["max"]) == (c["event_loop_lag_ms"]["p99"], c["event_loop_lag_ms"]["max"])
 
 
 def test_unblocked_run_is_not_limited_by_lag(server):
@@ -262,6 +265,9 @@ def test_unblocked_run_is_not_limited_by_lag(server):
     assert 0 <= res.client["cpu_share"] <= 1.5
     # the default limits: a run whose client is not blocked is not marked limited
     assert res.client["limited"] is False, res.client["limited_reasons"]
+    tests = res.client["tail_tests"]  # a closed loop tests lag and pool wait; lateness is not measured
+    assert set(tests) == {"event_loop_lag_p99_ms", "pool_wait_p99_ms"} and tests["pool_wait_p99_ms"]["n"] == 4
+    assert res.client["limits"]["tail_alpha"] == 0.05
     # loose limits: nothing can trip them
     loose = {"event_loop_lag_p99_ms": 1e9, "cpu_share": 1e9, "pool_wait_p99_ms": 1e9}
     assert run_closed_loop(server, "m", specs(2), 1, limits=loose).client["limited"] is False

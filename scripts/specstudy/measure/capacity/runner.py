@@ -157,6 +157,7 @@ def loadgen_limits(gates: dict) -> dict:
     # Lateness is judged by the search itself over the measured sends (judge_lateness); the load generator's
     # own check would take a p99 over the warm-up arrivals too and flag the step through client_flag.
     out["lateness_p99_ms"] = 1e18
+    out["tail_alpha"] = float(c.get("tail_alpha", 0.05))
     return out
 
 

@@ -30,6 +30,7 @@ DEFAULT_GATES: dict[str, Any] = {
         "max_cpu_share": 0.9,
         "max_pool_wait_p99_ms": 5.0,
         "max_event_loop_lag_p99_ms": 20.0,
+        "tail_alpha": 0.05,  # level of the binomial tests of the lateness, pool-wait and loop-lag gates
         "honour_loadgen_flag": True,
         "capacity_rps": None,
     },

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
-from specstudy.core.stat_util import percentile
+from specstudy.core.stat_util import binom_sf, tail_test
 from specstudy.measure.capacity.settings import SCHEMA_STEP
+from specstudy.measure.loadgen import P99_FRACTION
 
 SERVER_GATES = ("ttft_p95", "tpot_p95", "error_rate", "backlog_slope", "preemptions", "kv_cache_usage")
 CLIENT_GATES = ("client_lateness", "client_cpu", "client_pool_wait", "client_loop_lag", "client_flag")
@@ -88,11 +88,12 @@ def judge(step: StepResult, gates: dict) -> dict:
     upper("kv_cache_usage", step.kv_cache_usage_max, b.get("max_kv_cache_usage"))
 
     cl = step.client or {}
-    late = judge_lateness(step.lateness_ms, c.get("max_lateness_p99_ms"), c.get("max_late_fraction"))
+    alpha = c.get("tail_alpha", LATENESS_ALPHA)
+    late = judge_lateness(step.lateness_ms, c.get("max_lateness_p99_ms"), c.get("max_late_fraction"), alpha)
     v["client_lateness"] = late["verdict"]
     upper("client_cpu", None if cl.get("cpu_share") is None else float(cl["cpu_share"]), c.get("max_cpu_share"))
-    upper("client_pool_wait", _p(cl, "pool_wait_ms"), c.get("max_pool_wait_p99_ms"))
-    upper("client_loop_lag", _p(cl, "event_loop_lag_ms"), c.get("max_event_loop_lag_p99_ms"))
+    v["client_pool_wait"] = _tail_gate(cl, "pool_wait_p99_ms", c.get("max_pool_wait_p99_ms"), alpha)
+    v["client_loop_lag"] = _tail_gate(cl, "event_loop_lag_p99_ms", c.get("max_event_loop_lag_p99_ms"), alpha)
     if not c.get("honour_loadgen_flag", True):
         v["client_flag"] = "skipped"
     elif "limited" not in cl:
@@ -118,37 +119,46 @@ def judge(step: StepResult, gates: dict) -> dict:
     }
 
 
-#: Level of the one-sided exact binomial test of the lateness gate.
+#: Default level of the one-sided exact binomial tests of the client gates (gates ``client.tail_alpha``).
 LATENESS_ALPHA = 0.05
 
 
-def judge_lateness(lateness_ms: list | None, late_ms: float | None, max_fraction: float | None) -> dict:
+def judge_lateness(lateness_ms: list | None, late_ms: float | None, max_fraction: float | None,
+                   alpha: float = LATENESS_ALPHA) -> dict:
     """The schedule-lateness gate of one step, over its measured sends only.
 
     A send is *late* when it left more than ``late_ms`` after its scheduled time. The gate fails when the
-    measured sends show, by a one-sided exact binomial test at level :data:`LATENESS_ALPHA`, that more than
-    ``max_fraction`` of sends are late (``P(X >= late | n, max_fraction) < alpha``). With the default 1 % this
-    is the statement "lateness p99 <= late_ms" tested with its sample size: a p99 over 48-96 sends is decided
-    by one hiccup, this test needs 3 late sends of 48 (or ~74 of 6000) to fail. ``verdict`` is ``skipped``
-    when either limit is null, ``no_data`` when no measured send has a lateness.
+    measured sends show, by a one-sided exact binomial test at level ``alpha``, that more than
+    ``max_fraction`` of sends are late (``P(X >= late | n, max_fraction) < alpha``,
+    :func:`specstudy.core.stat_util.tail_test`). With the default 1 % this is the statement "lateness p99 <=
+    late_ms" tested with its sample size: a p99 over 48-96 sends is decided by one hiccup, this test needs 3
+    late sends of 48 (or ~74 of 6000) to fail. ``verdict`` is ``skipped`` when either limit is null,
+    ``no_data`` when no measured send has a lateness.
     """
-    vals = [float(x) for x in (lateness_ms or []) if x is not None]
-    n = len(vals)
-    out: dict[str, Any] = {"n": n, "late_ms": late_ms, "max_fraction": max_fraction, "late": None,
-                           "fraction": None, "p_value": None,
-                           "p99_ms": percentile(vals, 99) if vals else None, "max_ms": max(vals) if vals else None}
-    if late_ms is None or max_fraction is None:
-        out["verdict"] = "skipped"
-        return out
-    if n == 0:
-        out["verdict"] = "no_data"
-        return out
-    from scipy.stats import binom
+    t = tail_test(lateness_ms or [], late_ms, max_fraction, alpha)
+    return {"n": t["n"], "late_ms": late_ms, "max_fraction": max_fraction, "late": t["late"],
+            "fraction": t["fraction"], "p_value": t["p_value"], "p99_ms": t["p99"], "max_ms": t["max"],
+            "verdict": t["verdict"]}
 
-    k = sum(1 for x in vals if x > late_ms)
-    p = float(binom.sf(k - 1, n, max_fraction)) if k > 0 else 1.0
-    out.update(late=k, fraction=k / n, p_value=p, verdict="fail" if p < LATENESS_ALPHA else "pass")
-    return out
+
+def _tail_gate(client: dict, key: str, limit: float | None, alpha: float) -> str:
+    """A client gate on a ``*_p99_ms`` limit, from the load generator's test record (``client["tail_tests"]``).
+
+    The load generator counted its samples above the limit the search passed it (``runner.loadgen_limits``);
+    the gate tests that count with the search's own level ``alpha``: ``fail`` when more than 1 % of the
+    samples are late by the one-sided exact binomial test, never from the p99 alone. ``skipped`` for a null
+    limit, ``no_data`` when the client record holds no test of ``key``.
+    """
+    if limit is None:
+        return "skipped"
+    t = (client.get("tail_tests") or {}).get(key)
+    if not t or not t.get("n") or t.get("late") is None:
+        return "no_data"
+    if t.get("limit") is None or float(t["limit"]) != float(limit):
+        raise ValueError(f"capacity gate {key}: the load generator counted late samples above {t.get('limit')!r} ms, "
+                         f"the gate's limit is {limit!r} ms; pass the gates' limits to the load generator "
+                         "(runner.loadgen_limits)")
+    return "fail" if binom_sf(int(t["late"]), int(t["n"]), P99_FRACTION) < alpha else "pass"
 
 
 def step_row(step: StepResult, judged: dict, *, index: int, phase: str, arm: str | None) -> dict:
@@ -184,6 +194,8 @@ def step_row(step: StepResult, judged: dict, *, index: int, phase: str, arm: str
         "client_cpu_share": cl.get("cpu_share"),
         "pool_wait_p99_ms": _p(cl, "pool_wait_ms"),
         "event_loop_lag_p99_ms": _p(cl, "event_loop_lag_ms"),
+        **_tail_fields(cl, "event_loop_lag", "event_loop_lag_p99_ms"),
+        **_tail_fields(cl, "pool_wait", "pool_wait_p99_ms"),
         "loadgen_limited": cl.get("limited"),
         "loadgen_limited_reasons": cl.get("limited_reasons"),
         "duration_s": step.duration_s,
@@ -195,6 +207,13 @@ def step_row(step: StepResult, judged: dict, *, index: int, phase: str, arm: str
         "artifacts": step.artifacts,
     }
     return finite(row)
+
+
+def _tail_fields(client: dict, prefix: str, key: str) -> dict:
+    """The raw figures of the load generator's test of ``key`` (samples, late, p value, max), for a step row."""
+    t = (client.get("tail_tests") or {}).get(key) or {}
+    return {f"{prefix}_samples": t.get("n"), f"{prefix}_late": t.get("late"), f"{prefix}_p_value": t.get("p_value"),
+            f"{prefix}_max_ms": t.get("max")}
 
 
 def finite(obj):
