@@ -461,7 +461,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def job_spec(tmp_path: Path, arm: dict, engine: dict, cells=({"workload": "code", "concurrency": 1},),
              tokenizer: str | None = None) -> dict:
-    """A deployment job's spec (the shape of deployment_run.deployment_spec) with the embedded corpora."""
+    """A deployment job's spec (the shape of job.spec.deployment_spec) with the embedded corpora."""
     code = corpus.build(ROOT / "corpora/embedded/code.yaml", tmp_path / "corpora", tokenizer)
     smoke = corpus.build(ROOT / "corpora/embedded/smoke.yaml", tmp_path / "corpora", tokenizer)
     return {"phase": "screen", "rep": "rep1", "kind": "repeat", "block": 1, "order": 0, "arm": arm,

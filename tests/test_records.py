@@ -220,7 +220,7 @@ def test_a_plan_reads_back_as_written(tmp_path, monkeypatch):
     p = plan.make_plan(load_config("config/config.yaml"), "confirm", arms=["baseline"])
     p["corpora"] = {"results/corpora/code/v1": {"name": "code", "version": 1, "digest": "0" * 64}}
     p["selection"] = {"path": "results/selection/selection.json", "sha256": "1" * 64}
-    schemas.validate(p, "plan", "plan.json")  # what plan._cmd_plan writes
+    schemas.validate(p, "plan", "plan.json")  # what plan_cli._cmd_plan writes
     path = atomic.write_json(tmp_path / "confirm.json", p)
     typed = records.read_plan(path)
     _same_json(typed, path.read_bytes())

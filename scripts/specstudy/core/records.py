@@ -12,7 +12,7 @@ KV capacity
 A deployment record (``deployment.json``, schema ``deployment``) carries the engine's KV pool twice:
 
 - ``"metrics"``: ``cache_config``, the labels of ``vllm:cache_config_info`` scraped from ``/metrics`` once the
-  server is ready (``deploy.parse_cache_config_info``): ``kv_cache_tokens`` (vLLM's ``kv_cache_size_tokens``
+  server is ready (``measure.prom.kv_cache_config``): ``kv_cache_tokens`` (vLLM's ``kv_cache_size_tokens``
   label, else ``num_gpu_blocks × block_size``);
 - ``"log"``: ``confounds.kv_cache.tokens``, the launch log's ``GPU KV cache size: N tokens``
   (``deployment.launchlog.parse_launch_log``).
@@ -248,7 +248,7 @@ class Extension(msgspec.Struct):
 
 
 class DeploymentRecord(msgspec.Struct):
-    """``<phase>/<arm>/<rep>/deployment.json`` (schema ``deployment``; deployment_run) and
+    """``<phase>/<arm>/<rep>/deployment.json`` (schema ``deployment``; job.run) and
     ``deployment-failures/<phase>/<arm>/<rep>/<id>/failure.json`` (schema ``deployment-failure``;
     deployment.records.write_failure_record), which has no cache_config, cells or start-up."""
 
@@ -269,7 +269,7 @@ class DeploymentRecord(msgspec.Struct):
     rep_label: str | None = None
     kind: str | None = None
     schema: str | None = None
-    extension: Extension | None = None  # an extension phase's artifacts (specstudy.study.extensions)
+    extension: Extension | None = None  # an extension phase's artifacts (specstudy.study.phase_decl)
 
     @property
     def arm_name(self) -> str | None:
@@ -277,14 +277,14 @@ class DeploymentRecord(msgspec.Struct):
 
     @property
     def hostname(self) -> str | None:
-        """The node the server ran on (provenance.hardware.hostname, deploy.hardware_info)."""
+        """The node the server ran on (provenance.hardware.hostname, deployment.provenance.hardware_info)."""
         hw = (self.provenance or {}).get("hardware")
         return hw.get("hostname") if isinstance(hw, dict) else None
 
     @property
     def target_tensor_parallel_size(self) -> int | None:
         """The target's TP size: ``tensor_parallel_size.target`` of a deployment.json; a failure.json has
-        none, so its provenance's (deploy.collect_provenance), else the launch log's (confounds)."""
+        none, so its provenance's (deployment.provenance.collect_provenance), else the launch log's (confounds)."""
         if self.tensor_parallel_size is not None:
             return self.tensor_parallel_size.target
         prov_tp = (self.provenance or {}).get("tensor_parallel_size")
@@ -541,7 +541,7 @@ class PlannedCorpus(msgspec.Struct, kw_only=True):
 
 
 class Plan(msgspec.Struct, kw_only=True):
-    """``plan/<phase>.json`` (schema ``plan``; plan.make_plan, plan._cmd_plan)."""
+    """``plan/<phase>.json`` (schema ``plan``; plan.make_plan, plan_cli._cmd_plan)."""
 
     schema: str
     phase: str

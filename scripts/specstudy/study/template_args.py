@@ -22,8 +22,8 @@ literal template) if set; else the tokenizer directory's (``engine.target.tokeni
 When the check runs: at every parse of the workflow (``config.check_config``) where the template is
 already readable; a target directory that does not exist yet (the fixture models, built by the
 workflow) defers it. ``specstudy plan`` (every plan rule runs after the models and corpora) and every
-deployment job (``deployment.spec.deployment_spec``) run it strictly, so no deployment ever starts
-with an unchecked switch. The kwargs are part of the cell fingerprint (``deployment.spec.fingerprint``)
+deployment job (``job.spec.deployment_spec``) run it strictly, so no deployment ever starts
+with an unchecked switch. The kwargs are part of the cell fingerprint (``job.spec.fingerprint``)
 and of the cell summary's ``keys`` (docs/thinking.md).
 """
 
@@ -54,7 +54,7 @@ def request_extra_body(cfg: dict, workload: str) -> dict:
     """What every chat request of ``workload`` adds to its body: ``{"chat_template_kwargs": {...}}``,
     or ``{}`` when the workload declares no switch.
 
-    ``cfg``: the study config, or a deployment spec (``deployment.spec.deployment_spec`` copies the
+    ``cfg``: the study config, or a deployment spec (``job.spec.deployment_spec`` copies the
     config's ``workload_options`` into it)."""
     kwargs = chat_template_kwargs(cfg, workload)
     return {"chat_template_kwargs": kwargs} if kwargs else {}
