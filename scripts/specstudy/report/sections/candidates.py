@@ -101,7 +101,7 @@ def candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
             B.append(("p", f"Control's worst case: {g.get('control_worst') or 'unknown'}"))
             B.append(("p", f"Treatment's worst case: {g.get('treatment_worst') or 'unknown'}"))
         else:
-            B.append(("p", "Gate: missing (blocks the recommendation)."))
+            B.append(("p", f"Gate ({rec['phase']}): missing (blocks the recommendation)."))
     B.append(("h", 3, "Confounds of each arm side by side"))
     rows = [[ph, arm] + [_fmt_set(v[k]) for k in CONFOUND_COLS] for (ph, arm), v in sorted(conf.items())]
     B.append(("table", ["phase", "arm", "async scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens",
