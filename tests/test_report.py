@@ -65,6 +65,10 @@ def _config(tmp_path):
 
 def test_report_full_tree(tmp_path):
     res = _with_knees(_build(tmp_path, effects=CLEAR))
+    # the workflow's checkpoint after the 3 initial rounds: a full tree has it (else it is a missing piece)
+    (res / "confirm" / "rounds").mkdir(parents=True)
+    (res / "confirm" / "rounds" / "round3.json").write_text(json.dumps(
+        {"round": 3, "decision": "enable draft-k3-tp4", "continue": False, "why": "decided after 3 rounds"}))
     cfg = _config(tmp_path)
     from specstudy.cli import main
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from specstudy.core.timestamps import parse, utc_iso
+from specstudy.core.timestamps import parse, to_unix, utc_iso
 from specstudy.deployment.launchlog import _strip_prefix
 
 CONSEQUENCES = ("flag", "reject")
@@ -135,8 +135,36 @@ def apply(summary: dict, log_text: str, log_clock: str | None, consequence: str 
     return found
 
 
-def report_section(B: list, cells: list[dict]) -> list[dict]:
-    """The report's "JIT compilations in measurement windows" section (specstudy.report.document blocks); returns its rows."""
+def launch_log_account(records: list[str]) -> list[dict]:
+    """What each deployment's own launch log shows (the log beside its record: ``attempts/<id>/launch.log``):
+    the JIT compilations it logged, the first and last one's log time, and the first measurement window's start
+    (the record's phase timeline, our clock). A record without its launch log gives ``log`` None."""
+    from pathlib import Path
+
+    from specstudy.core import atomic, layout
+
+    out = []
+    for rec_path in records:
+        rec = atomic.read_json(rec_path)
+        dep = layout.parse_deployment(rec_path)
+        did = rec.get("deployment_id")
+        log_path = Path(layout.attempt_dir(dep.phase, dep.arm, dep.rep, did, root=dep.root), layout.LAUNCH_LOG) if did else None
+        events = jit_events(read_log(log_path)) if log_path is not None and log_path.exists() else None
+        measures = sorted(t for p in (rec.get("phases") or []) if isinstance(p, dict) and p.get("phase") == "measure"
+                          and (t := to_unix(p.get("start"))) is not None)
+        out.append({"phase": dep.phase, "arm": dep.arm, "rep": dep.rep, "deployment_id": did,
+                    "log": str(log_path) if events is not None else None,
+                    "compilations": None if events is None else len(events),
+                    "first": events[0]["log_time"] if events else None, "last": events[-1]["log_time"] if events else None,
+                    "log_clock": (rec.get("startup") or {}).get("log_clock"),
+                    "first_window": utc_iso(measures[0]) if measures else None})
+    return out
+
+
+def report_section(B: list, cells: list[dict], records: list[str] | None = None) -> list[dict]:
+    """The report's "JIT compilations in measurement windows" section (specstudy.report.document blocks): the
+    cells marked at measurement time and, from ``records`` (deployment records, their launch logs beside them),
+    how many compilations each deployment logged and when; returns the marked cells' rows."""
     import json
 
     B.append(("h", 2, "JIT compilations in measurement windows"))
@@ -152,12 +180,34 @@ def report_section(B: list, cells: list[dict]) -> list[dict]:
                    "measurement window costs that window a latency spike unrelated to speculation. Consequence, "
                    "pre-registered (`confounds.jit_in_window`): flag = the cell is kept and listed here; reject = "
                    "the cell is invalid and is measured again by re-running its deployment job."))
+    account = launch_log_account(records or [])
+    read = [a for a in account if a["log"] is not None]
+    logged = sum(a["compilations"] for a in read)
     if not rows:
-        B.append(("p", "No cell's window holds a logged JIT compilation (or no launch log logged any: the CPU engine "
-                       "has no JIT monitor)."))
-        return rows
-    B.append(("table", ["phase", "arm", "rep", "workload", "c", "consequence", "compilations"],
-              [[r["phase"], r["arm"], r["rep"], r["workload"], r["concurrency"], r["consequence"], r["detail"][:400]]
-               for r in sorted(rows, key=lambda r: (str(r["phase"]), str(r["arm"]), r["rep"] or 0,
-                                                    str(r["workload"]), r["concurrency"] or 0))]))
+        if not account:
+            why = "no deployment record was given, so no launch log was read"
+        elif not read:
+            why = f"none of the {len(account)} deployment records has its launch log beside it"
+        elif logged == 0:
+            why = (f"the launch logs of all {len(read)} deployments log no JIT compilation (an engine without vLLM's "
+                   "JIT monitor, the CPU engine for one, logs none)")
+        else:
+            why = (f"{logged} compilation(s) logged by {sum(1 for a in read if a['compilations'])} of {len(read)} "
+                   "deployments' launch logs, none inside a cell's window (the check ran on every cell as it was "
+                   "measured; below: when each deployment logged them and when its first window opened)")
+        B.append(("p", f"No cell's window holds a logged JIT compilation: {why}."))
+    else:
+        B.append(("table", ["phase", "arm", "rep", "workload", "c", "consequence", "compilations"],
+                  [[r["phase"], r["arm"], r["rep"], r["workload"], r["concurrency"], r["consequence"], r["detail"][:400]]
+                   for r in sorted(rows, key=lambda r: (str(r["phase"]), str(r["arm"]), r["rep"] or 0,
+                                                        str(r["workload"]), r["concurrency"] or 0))]))
+    if logged:
+        B.append(("p", "JIT compilations each deployment's launch log shows (log times: the server's clock, 1 s "
+                       "resolution; log clock: its alignment to ours; first window: the first measurement window's "
+                       "start, our clock, UTC):"))
+        B.append(("table", ["phase", "arm", "rep", "deployment", "compilations logged", "first", "last", "log clock",
+                            "first window"],
+                  [[a["phase"], a["arm"], a["rep"], a["deployment_id"], a["compilations"], a["first"] or "–",
+                    a["last"] or "–", a["log_clock"] or "–", a["first_window"] or "–"]
+                   for a in sorted(read, key=lambda a: (a["phase"], a["arm"], a["rep"]))]))
     return rows

@@ -71,6 +71,7 @@ ATTEMPTS = "attempts"
 DEPLOYMENT_RECORD = "deployment.json"
 CELL_SUMMARY = "summary.json"
 ATTEMPT_RECORD = "record.json"
+LAUNCH_LOG = "launch.log"  # the engine's own log, in each attempt folder
 FAILURE_RECORD = "failure.json"
 REQUESTS = "requests.jsonl"
 

@@ -415,7 +415,7 @@ def _measure(job: _Job) -> None:
     _pin_client(job.settings.get("client_cpus"), job.log)
     job.stage = "cells"
     if job.spec["kind"] == "capacity":
-        log_text = (job.attempt / "launch.log").read_text(encoding="utf-8", errors="replace")
+        log_text = (job.attempt / layout.LAUNCH_LOG).read_text(encoding="utf-8", errors="replace")
         job.progress.phase("capacity")
         _run_capacity(job.spec, job.server, job.served, job.eng,
                       {"arm": job.arm, "cache_config": job.cache_config,
@@ -515,7 +515,7 @@ def _mark_jit(job: _Job, summary: dict, path: Path) -> None:
     from specstudy.analysis import jit
     from specstudy.measure import cell as cellmod
 
-    log_path = job.attempt / "launch.log"
+    log_path = job.attempt / layout.LAUNCH_LOG
     if not log_path.exists():
         return
     consequence = jit.consequence_of(job.lock.get("content"))
@@ -563,7 +563,7 @@ def _stop(job: _Job) -> None:
                  job.cancelled_code)
     job.times["stop"] = utc_now()
     job.progress.end_phase()
-    log_path = job.attempt / "launch.log"
+    log_path = job.attempt / layout.LAUNCH_LOG
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
     if log_text:
         job.confounds = launchlog.parse_launch_log(log_text)
@@ -592,7 +592,7 @@ def _write_records(job: _Job) -> int:
         fpath = records.write_failure_record(
             job.results_root, phase=job.spec["phase"], arm=job.arm, rep=job.spec["rep"],
             deployment_id=job.deployment_id, stage=job.failure["stage"], reason=job.failure["reason"],
-            log_path=job.attempt / "launch.log", command=job.server.record_command if job.server is not None else None,
+            log_path=job.attempt / layout.LAUNCH_LOG, command=job.server.record_command if job.server is not None else None,
             exit_code=job.exit_code, message=job.failure.get("message"), provenance=job.provenance,
             confounds=job.confounds, times=job.times, secrets=getattr(job.server, "secrets", ()))
         job.failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))

@@ -8,9 +8,39 @@ from __future__ import annotations
 import html
 from typing import Any
 
-#: One block: ``("h", level, text)``, ``("p", text)``, ``("ul", items)``, ``("table", headers, rows)``,
-#: ``("img", path, caption)``, ``("pre", text)`` or ``("md", markdown)``.
+#: One block: ``("h", level, text)``, ``("p", text)``, ``("ul", items)``, ``("table", headers, rows)`` (or
+#: ``("table", headers, rows, caption)``), ``("img", path, caption)``, ``("pre", text)`` or ``("md", markdown)``.
 Block = tuple
+
+
+def _labelled(text: str, label: str) -> str:
+    return text if label.lower() in text.lower() else f"{text} ({label})"
+
+
+def label_blocks(blocks: list[Block], label: str) -> list[Block]:
+    """The blocks of a study that must say what it ran on (the scale model, issue 27): every heading below the
+    title, every figure caption and every Markdown section's headings carry ``label``; every table gets a
+    caption naming ``label`` and the section it stands in (a table copied out of the report still says it)."""
+    import re
+
+    out: list[Block] = []
+    section = ""
+    for b in blocks:
+        kind = b[0]
+        if kind == "h":
+            section = b[2]
+            out.append(b if b[1] == 1 else ("h", b[1], _labelled(b[2], label)))
+        elif kind == "table":
+            caption = b[3] if len(b) > 3 and b[3] else section
+            out.append(("table", b[1], b[2], f"Table ({label}): {caption}" if label.lower() not in caption.lower()
+                        else caption))
+        elif kind == "img":
+            out.append(("img", b[1], _labelled(b[2], label)))
+        elif kind == "md":
+            out.append(("md", re.sub(r"(?m)^(#{1,6} )(.+?)\s*$", lambda m: m[1] + _labelled(m[2], label), b[1])))
+        else:
+            out.append(b)
+    return out
 
 
 def fmt(v: Any, spec: str = "{:.3f}") -> str:
@@ -48,11 +78,12 @@ def render_markdown(blocks: list[Block]) -> str:
             out.append("".join(f"- {x}\n" for x in b[1]) if b[1] else "- (none)\n")
         elif kind == "table":
             headers, rows = b[1], b[2]
+            caption = f"*{b[3]}*\n\n" if len(b) > 3 and b[3] else ""
             if not rows:
-                out.append("_(no rows)_\n")
+                out.append(caption + "_(no rows)_\n")
                 continue
             esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
-            out.append("| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+            out.append(caption + "| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
                        + "".join("| " + " | ".join(r) + " |\n" for r in esc))
         elif kind == "img":
             out.append(f"![{b[2]}]({b[1]})\n\n*Figure: {b[2]}*\n")
@@ -80,10 +111,11 @@ def render_html(blocks: list[Block], title: str) -> str:
         elif kind == "ul":
             parts.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in (b[1] or ["(none)"])) + "</ul>")
         elif kind == "table":
+            caption = b[3] if len(b) > 3 and b[3] else None
             if not b[2]:
-                parts.append("<p><em>(no rows)</em></p>")
+                parts.append((f"<p><em>{e(caption)}</em></p>" if caption else "") + "<p><em>(no rows)</em></p>")
                 continue
-            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in b[1]) + "</tr>"
+            parts.append("<table>" + (f"<caption>{e(caption)}</caption>" if caption else "") + "<tr>" + "".join(f"<th>{e(h)}</th>" for h in b[1]) + "</tr>"
                          + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
                          + "</table>")
         elif kind == "img":

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specstudy.core.records import read_selection
-from specstudy.report.blocks import Block, render_html, render_markdown
+from specstudy.report.blocks import Block, label_blocks, render_html, render_markdown
 from specstudy.report.files import ReportFiles, knee_arms, records_by_phase, rounds_in_order
 from specstudy.report.sections.candidates import candidates_section, memory_rows
 from specstudy.report.sections.capacity import capacity_section
@@ -28,6 +28,7 @@ from specstudy.report.sections.extensions import extension_sections
 from specstudy.report.sections.gpu import gpu_section
 from specstudy.report.sections.inputs import corpus_section, heldout_section, selection_check, selection_section
 from specstudy.report.sections.method import declared_hypotheses, hypotheses_section, method_section, model_section
+from specstudy.report.sections.missing import confirmation_progress, missing_pieces
 from specstudy.report.sections.recommendation import (
     decision_evidence_section,
     recommendation_section,
@@ -60,15 +61,11 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     deps = stats._records(t["deployments"])
     gates = stats._records(t["gates"])
     comps = stats.comparisons(t["cells"], config)
-    missing: list[str] = []
     phases_present = sorted({c["phase"] for c in cells})
-    for ph in CORE_PHASES:
-        if ph not in phases_present:
-            missing.append(f"no {ph} cells (results/{ph}/ empty or not run yet)")
-    if not gates:
-        missing.append("no gate verdicts (results/gates/)")
     prereg = load_prereg(config) if (config.get("study") or {}).get("preregistration") else None
     rec = with_capacity_half(recommend(comps, gates, config, prereg), files, config)
+    progress = confirmation_progress(cells, rec.get("rule"))
+    missing = missing_pieces(files, config, cells, gates, progress, (rec.get("capacity_half") or {}).get("arm"))
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
     model["phase"] = s["analysis"]["hypothesis_phase"]
     declared, hyp_source = declared_hypotheses(config)
@@ -93,7 +90,7 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     B.append(("p", f"Built from {files.tables_dir} (tables rebuilt from raw artifacts under {files.results_root}). "
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
     B.append(("h", 2, "Recommendation"))
-    patches = recommendation_section(B, rec, deps, s, out)
+    patches = recommendation_section(B, rec, deps, s, out, progress)
     decision_evidence_section(B, rec, rounds_in_order(files))
     B.append(("h", 2, "Missing pieces"))
     B.append(("ul", missing or ["nothing: all inputs present"]))
@@ -104,7 +101,7 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     corpus_section(B, list(files.corpora))
     heldout = heldout_section(B, files.heldout, cells)
     validity_section(B, cells, deps, comps)
-    jit.report_section(B, cells)
+    jit.report_section(B, cells, [r for ph in CORE_PHASES for r in records_by_phase(files).get(ph, [])])
     gpu_section(B, cells, deps)
     energy = efficiency.energy_section(B, cells)
     interactivity = efficiency.interactivity_section(B, cells, plots, deps)
@@ -118,11 +115,14 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     duty_rows = duty.report_section(B, duty.read_records(records_by_phase(files)))
     extension_sections(B, list(files.sections))
 
+    if scale:  # every heading, table and figure of the scale-model study says so (docs/gpu.md)
+        B = label_blocks(B, LABEL)
+
     # --- written
     atomic.write_text(out / "report.md", render_markdown(B))
-    atomic.write_text(out / "report.html", render_html(B, "specstudy report"))
+    atomic.write_text(out / "report.html", render_html(B, "specstudy report" + (f" ({LABEL})" if scale else "")))
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
-               "selection": sel, "missing": missing, "patches": patches,
+               "selection": sel, "missing": missing, "confirmation_progress": progress, "patches": patches,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
                "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity,
                "cost_model": cost}

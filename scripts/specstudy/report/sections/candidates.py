@@ -89,14 +89,19 @@ def candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
                          f"KV capacity: {fmt((memr.get(arm) or {}).get('kv_cache_tokens'), '{:.0f}')} tokens; "
                          f"lost vs baseline: {fmt(mem.get(arm), '{:.1%}')}; "
                          f"median init time {fmt((memr.get(arm) or {}).get('init_s'), '{:.0f}')} s"]))
-        g = gate_by.get((rec["phase"], arm)) or next((gg for (p, a), gg in gate_by.items() if a == arm), None)
+        g = gate_by.get((rec["phase"], arm))
+        other = None if g else next((gg for (p, a), gg in sorted(gate_by.items()) if a == arm), None)
+        if other:  # the decision's phase has no verdict: say so first, then what another phase's gate found
+            B.append(("p", f"Gate ({rec['phase']}): missing (blocks the recommendation; the {other['phase']} gate "
+                           "does not stand in for it)."))
+            g = other
         if g:
             B.append(("p", f"Gate ({g['phase']}): {g['verdict']} ({_gate_sizes(g)}); reasons: "
                            f"{g.get('reason_codes') or 'none'}; blocks recommendation: {g.get('blocks_recommendation')}."))
             B.append(("p", f"Control's worst case: {g.get('control_worst') or 'unknown'}"))
             B.append(("p", f"Treatment's worst case: {g.get('treatment_worst') or 'unknown'}"))
         else:
-            B.append(("p", "Gate: missing (blocks the recommendation)."))
+            B.append(("p", f"Gate ({rec['phase']}): missing (blocks the recommendation)."))
     B.append(("h", 3, "Confounds of each arm side by side"))
     rows = [[ph, arm] + [_fmt_set(v[k]) for k in CONFOUND_COLS] for (ph, arm), v in sorted(conf.items())]
     B.append(("table", ["phase", "arm", "async scheduling", "max_num_scheduled_tokens", "max_num_batched_tokens",

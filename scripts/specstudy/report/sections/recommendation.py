@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specstudy.core import layout
 from specstudy.measure.capacity.run import STEPS_FILE
 from specstudy.report.blocks import fmt
 from specstudy.report.files import ReportFiles, knee_arms
@@ -48,6 +49,8 @@ def capacity_half_blocks(B, rec) -> None:
     ev = half.get("evaluation")
     if half.get("note"):
         second = half["note"]
+    elif ev is None and half.get("arm") is None:
+        second = f"not evaluated: no final candidate ({layout.final_candidate()}) and no capacity results"
     elif ev is None:
         second = f"not evaluated for {half.get('arm')} (no capacity results)"
     elif ev["met"]:
@@ -70,13 +73,19 @@ def capacity_half_blocks(B, rec) -> None:
                   rows))
 
 
-def recommendation_section(B, rec, deps, s, out: Path) -> dict:
+def recommendation_section(B, rec, deps, s, out: Path, progress: dict | None = None) -> dict:
+    """The decision and its rule, the verdicts and the patch; ``progress`` (sections.missing.confirmation_progress):
+    a confirmation short of its initial rounds makes the decision provisional, and the section says so first."""
     from specstudy.core import atomic
     from specstudy.deployment.command import recommended_speculative_config, vllm_args_patch
     from specstudy.inference import decision
+    from specstudy.report.sections.missing import progress_text
 
     r = s["recommendation"]
     rule = rec.get("rule") or {}
+    if progress is not None and not progress["complete"] and rec.get("phase") == "confirm":
+        B.append(("p", f"PROVISIONAL — {progress_text(progress)}. The decision below applies the rule to the rounds "
+                       "measured so far; the pre-registered rule decides only once every initial round is measured."))
     B.append(("p", f"Decision: {rec['decision']}" + (f" — enable {rec['enable']}" if rec.get("enable") else "")
                    + f" (evaluated on the {rec['phase']} phase; gain shown: interval above {1 + rec['min_gain']:.2f}; "
                      f"material regression: {rec['max_regression']:.0%}; "
@@ -108,8 +117,9 @@ def recommendation_section(B, rec, deps, s, out: Path) -> dict:
         B.append(("p", "Inconclusive cells blocking the decision (extra rounds expected to settle each, if its mean "
                        "and SD stay as observed):"))
         B.append(("ul", [f"{u['arm']} {u['what']}: {u['verdict']} [{fmt(u['lo'])}, {fmt(u['hi'])}] after {u['n']} rounds — "
-                         f"{u['why']}; " + (f"≈ {u['extra_repeats']} more round(s)" if u.get("extra_repeats")
-                                            else "not settled within 100 more rounds (effect at the margin)")
+                         f"{u['why']}" + (f"; ≈ {u['extra_repeats']} more round(s)" if u.get("extra_repeats")
+                                          else "" if u["verdict"] == "missing"
+                                          else "; not settled within 100 more rounds (effect at the margin)")
                          for u in rec["undecided"]]))
     if rec.get("gate_rule"):
         B.append(("p", f"Gate rule: {rec['gate_rule']}"))
@@ -167,8 +177,8 @@ def decision_evidence_section(B, rec, rounds: list[str]) -> None:
                   [[st.get("round"), st.get("decision"), "one more round" if st.get("continue") else "stop",
                     st.get("why"), _stab_short(st.get("stability"))] for st in rounds]))
     elif rec.get("phase") == "confirm":
-        B.append(("p", "Rounds: no checkpoint records under results/confirm/rounds/ (confirmation not run by the "
-                       "workflow)."))
+        B.append(("p", f"Rounds: no checkpoint records under {layout.confirm_rounds_dir()}/ (confirmation incomplete, "
+                       "or not run by the workflow)."))
     drivers = (rec.get("stability") or {}).get("drivers") or []
     if drivers:
         B.append(("p", "Cells that drive the decision's stability (share of resamples in which the cell's verdict "
