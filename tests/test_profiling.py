@@ -104,6 +104,41 @@ def test_nesting_counted_once_outermost_wins(tmp_path):
     assert any(r["category"] == "rejection_sampling" for r in res["rules"]["categories"])
 
 
+def test_launch_calls_tell_graph_replay_from_eager_kernels_per_category(tmp_path):
+    """A target forward replayed as one CUDA graph and two drafting steps of eager kernel launches: the
+    record counts per category the kernel and graph launches and the propose calls, and the section says so."""
+    ms = 1000.0
+    ev = [_x("PyTorch Profiler (0)", 0, 100 * ms, cat="Trace", tid="PyTorch Profiler"),
+          _x("vllm/v1/worker/gpu_worker.py(1300): execute_model", 0, 90 * ms),
+          _x("vllm/v1/worker/gpu_model_runner.py(3620): _model_forward", 1 * ms, 9 * ms),
+          _x("cudaGraphLaunch", 2 * ms, 0.1 * ms, cat="cuda_runtime", correlation=1)]
+    corr = 10
+    for start in (20, 50):  # two drafting steps, each three kernel launches and a driver launch
+        ev += [_x("vllm/v1/worker/gpu_model_runner.py(4362): propose_draft_token_ids", start * ms, 20 * ms),
+               _x("vllm/v1/spec_decode/llm_base_proposer.py(512): propose", (start + 1) * ms, 18 * ms)]
+        for i in range(3):
+            ev.append(_x("cudaLaunchKernel", (start + 2 + i) * ms, 0.1 * ms, cat="cuda_runtime", correlation=corr))
+            corr += 1
+        ev.append(_x("cuLaunchKernel", (start + 6) * ms, 0.1 * ms, cat="cuda_driver", correlation=corr))
+        corr += 1
+    ev.append(_x("cudaLaunchKernel", 80 * ms, 0.1 * ms, cat="cuda_runtime", correlation=99))  # step remainder
+    ev.append(_x("cudaMemcpyAsync", 81 * ms, 0.1 * ms, cat="cuda_runtime", correlation=100))  # not a launch
+    _write(tmp_path / "rank0.pt.trace.json.gz", ev, gz=True)
+    res = profiling.summarize_traces(tmp_path)
+    launches = res["total"]["launches"]
+    assert launches["target_forward"] == {"kernel": 0, "graph": 1}
+    assert launches["draft_forward"] == {"kernel": 8, "graph": 0}
+    assert launches["scheduling_overhead"] == {"kernel": 1, "graph": 0}
+    assert res["total"]["events"]["draft_forward"] == 2 and res["total"]["events"]["target_forward"] == 1
+    (tmp_path / "arm").mkdir()
+    rec = tmp_path / "arm" / "record.json"
+    rec.write_text(json.dumps(res))
+    section = profiling.summary([rec], tmp_path / "out")
+    text = (tmp_path / "out" / "section.md").read_text()
+    assert section["arms"][0]["total"]["launches"]["draft_forward"]["kernel"] == 8
+    assert "draft_forward 8 / 0 (4 / 0.0 per event over 2)" in text and "target_forward 0 / 1" in text
+
+
 def test_speculation_step_with_an_ngram_proposer_is_ngram(tmp_path):
     ms = 1000.0
     ev = [_x("vllm/v1/executor/multiproc_executor.py(1043): _execute_worker_rpc", 0, 50 * ms),

@@ -2,7 +2,8 @@
 recommendation's patch to an operator's own launch arguments.
 
 Every controlled setting comes from the engine config and is identical across arms; only
-``--speculative-config`` differs (:func:`strip_speculative` proves it). The recommended arm becomes
+``--speculative-config`` differs (:func:`strip_speculative` proves it) — except for a declared variant
+(``<arm>+<variant>``, :func:`with_variant`), whose extra flags and environment are its stated difference. The recommended arm becomes
 flags the same way: :func:`recommended_speculative_config` (the deployment's recorded value, else the
 arm spec) and :func:`vllm_args_patch` (the operator's arguments with that ``--speculative-config`` set,
 and a unified diff), written by :mod:`specstudy.report.document`.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core import arms as _arms
+from specstudy.core.arms import VARIANT_SETTINGS
 from specstudy.study.config import ConfigError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -86,8 +88,28 @@ def validate_arm(arm: dict) -> dict:
                           f"(<method>: {', '.join(_arms.K_METHODS)})")
     if name != arm_name(arm):
         raise ConfigError(f"arm {name!r}: field 'name' does not match its settings; expected {arm_name(arm)!r}")
+    settings = {k: arm[k] for k in VARIANT_SETTINGS if arm.get(k)}
+    if settings and not arm.get("variant"):
+        raise ConfigError(f"arm {name!r}: field '{next(iter(settings))}' is set but the arm has no 'variant'; "
+                          f"declare it as a variant (arms.variants in the study config, named <arm>+<variant>)")
+    if arm.get("variant"):
+        problems = _arms.override_problems(f"arm {name}", method, arm.get("speculative_config"),
+                                           arm.get("extra_args"), arm.get("env"))
+        if problems:
+            raise ConfigError("; ".join(problems))
     # Note: prompt_lookup_min > prompt_lookup_max is left for vLLM to reject (a failure record is data).
     return arm
+
+
+def with_variant(engine_cfg: dict, arm: dict) -> dict:
+    """The engine settings of ``arm``'s deployment: a variant's ``extra_args`` after the study's, its ``env``
+    over the study's; the engine settings unchanged for any other arm."""
+    if not (arm.get("extra_args") or arm.get("env")):
+        return engine_cfg
+    cfg = dict(engine_cfg)
+    cfg["extra_args"] = list(cfg.get("extra_args") or []) + [str(a) for a in arm.get("extra_args") or []]
+    cfg["env"] = {**(cfg.get("env") or {}), **{str(k): str(v) for k, v in (arm.get("env") or {}).items()}}
+    return cfg
 
 
 def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
@@ -114,6 +136,7 @@ def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
         if head:  # without one vLLM refuses the config itself; that refusal is the recorded engine fact
             spec["model"] = str(head)
     spec.update(engine_cfg.get("speculative_extra") or {})  # same for every speculative arm
+    spec.update(arm.get("speculative_config") or {})         # a variant's own keys (checked by validate_arm)
     return spec
 
 
@@ -142,11 +165,11 @@ def build_command(engine_cfg: dict, arm: dict, *, port: int, served_model_name: 
 
     Controlled settings (model, tokenizer, TP, max_model_len, memory, seqs, seed, chat template,
     extra args) come only from ``engine_cfg``; the arm adds ``--speculative-config`` (nothing for
-    the baseline). The API key, if any, is passed as ``--api-key``; record the command with
+    the baseline) and, for a variant (``<arm>+<variant>``), its declared ``extra_args`` after the study's. The API key, if any, is passed as ``--api-key``; record the command with
     :func:`redact_argv`.
     """
-    cfg = engine_settings(engine_cfg)
     validate_arm(arm)
+    cfg = engine_settings(with_variant(engine_cfg, arm))
     python = cfg.get("python") or ("python3" if cfg["backend"] == "container" else sys.executable)
     argv = [str(python), "-m", SERVER_MODULE,
             "--model", str(cfg["model"]),

@@ -24,7 +24,7 @@ from typing import Any
 from specstudy.core import atomic
 from specstudy.core.timestamps import utc_now
 from specstudy.deployment import DeploymentError
-from specstudy.deployment.command import build_command, engine_settings
+from specstudy.deployment.command import build_command, engine_settings, with_variant
 from specstudy.deployment.redaction import redact_argv, redact_text, secret_values
 from specstudy.study.config import ConfigError
 
@@ -480,7 +480,7 @@ def start_server(engine_cfg: dict, arm: dict, *, attempt_dir: str | os.PathLike,
     cfg = engine_settings(engine_cfg)
     port = int(port or cfg.get("port") or free_port())
     argv = build_command(cfg, arm, port=port, served_model_name=served_model_name)
-    backend = make_backend(cfg)
+    backend = make_backend(with_variant(cfg, arm))  # a variant's env joins the server's
     server = backend.start(argv, log_path=Path(attempt_dir) / "launch.log", served_model_name=served_model_name,
                            port=port, attempt_dir=attempt_dir)
     return server, backend

@@ -107,6 +107,11 @@ _COMPILED = [(re.compile(r["pattern"]), r["category"]) for r in RULES]
 _STEP_COMPILED = [re.compile(r["pattern"]) for r in STEP_RULES]
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _HOST_CATS = {"python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver"}
+#: Launch calls of the CUDA runtime/driver, by kind: one ``graph`` launch replays a whole captured CUDA graph,
+#: a ``kernel`` launch starts one kernel. A category with kernel launches and no graph launches ran eagerly.
+_LAUNCHES = {"cudaLaunchKernel": "kernel", "cudaLaunchKernelExC": "kernel", "cuLaunchKernel": "kernel",
+             "cuLaunchKernelEx": "kernel", "cudaLaunchCooperativeKernel": "kernel",
+             "cudaGraphLaunch": "graph", "cuGraphLaunch": "graph"}
 
 
 # --------------------------------------------------------------------------------------------- launch
@@ -222,6 +227,8 @@ def _summarize_events(events: list[dict]) -> dict:
     claimed_in_step_us = 0.0
     rule_hits: dict[str, dict] = {}
     corr_cat: dict[Any, str] = {}
+    launches: list[tuple] = []  # (host category, speculation record, kind), resolved once the traces are read
+    events_of: dict[str, int] = dict.fromkeys(CATEGORIES, 0)  # outermost events claimed per category
     lo, hi = float("inf"), float("-inf")
     for evs in by_thread.values():
         evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
@@ -252,6 +259,7 @@ def _summarize_events(events: list[dict]) -> dict:
                         cat = "speculation"
                     else:
                         ms[hit] += dur / 1000
+                        events_of[hit] += 1
                         if in_step:
                             claimed_in_step_us += dur
                         cat = hit
@@ -263,11 +271,15 @@ def _summarize_events(events: list[dict]) -> dict:
             if e.get("cat") in ("cuda_runtime", "cuda_driver") and (e.get("args") or {}).get("correlation") is not None:
                 host = cat if cat is not None else ("scheduling_overhead" if in_step else "other")
                 corr_cat[e["args"]["correlation"]] = (host, spec)
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and name in _LAUNCHES:
+                launches.append((cat if cat is not None else ("scheduling_overhead" if in_step else "other"),
+                                 spec, _LAUNCHES[name]))
             stack.append([ts + dur, cat, in_step, spec])
         for s in pending:
             c = "ngram_proposal" if s["ngram"] else "draft_forward"
             s["category"] = c
             ms[c] += s["dur"] / 1000
+            events_of[c] += 1
             if s["in_step"]:
                 claimed_in_step_us += s["dur"]
     ms["scheduling_overhead"] = max(0.0, (step_us - claimed_in_step_us) / 1000)
@@ -284,8 +296,14 @@ def _summarize_events(events: list[dict]) -> dict:
             if c == "speculation":
                 c = (spec or {}).get("category", "draft_forward")
             device[c] += float(k.get("dur", 0)) / 1000
+    launch_counts = {c: {"kernel": 0, "graph": 0} for c in CATEGORIES}
+    for host, spec, kind in launches:
+        if host == "speculation":
+            host = (spec or {}).get("category", "draft_forward")
+        launch_counts[host][kind] += 1
     return {"ms": ms, "span_ms": span_ms, "step_ms": step_us / 1000, "classified_ms": classified,
-            "rule_hits": rule_hits, "device_ms": device, "threads": len(by_thread)}
+            "rule_hits": rule_hits, "device_ms": device, "threads": len(by_thread),
+            "events": events_of, "launches": launch_counts}
 
 
 def _rule_of(name: str) -> str:
@@ -318,6 +336,8 @@ def summarize_traces(trace_dir: str | os.PathLike) -> dict:
     total = dict.fromkeys(CATEGORIES, 0.0)
     total_span = 0.0
     device_total = None
+    events_total = dict.fromkeys(CATEGORIES, 0)
+    launches_total = {c: {"kernel": 0, "graph": 0} for c in CATEGORIES}
     for p in files:
         data = _load(p)
         s = _summarize_events(data["traceEvents"])
@@ -327,6 +347,7 @@ def summarize_traces(trace_dir: str | os.PathLike) -> dict:
                  "vllm_version": data.get("vllm_version"), "with_stack": data.get("with_stack"),
                  "threads": s["threads"], "span_ms": round(s["span_ms"], 3), "ms": _round(s["ms"]),
                  "fraction": _fractions(s["ms"], s["span_ms"]), "device_ms": _round(s["device_ms"]),
+                 "events": s["events"], "launches": s["launches"],
                  "rule_hits": {k: {"count": v["count"], "ms": round(v["ms"], 3)} for k, v in sorted(s["rule_hits"].items())}}
         if s["classified_ms"] > s["span_ms"] * 1.001:
             entry["note"] = "classified time exceeds the span: categories ran on several threads at once"
@@ -335,6 +356,10 @@ def summarize_traces(trace_dir: str | os.PathLike) -> dict:
             for k in CATEGORIES:
                 total[k] += s["ms"][k]
             total_span += s["span_ms"]
+            for k in CATEGORIES:
+                events_total[k] += s["events"][k]
+                for kind in ("kernel", "graph"):
+                    launches_total[k][kind] += s["launches"][k][kind]
             if s["device_ms"] is not None:
                 device_total = device_total or dict.fromkeys(CATEGORIES, 0.0)
                 for k in CATEGORIES:
@@ -345,10 +370,16 @@ def summarize_traces(trace_dir: str | os.PathLike) -> dict:
                                  "time to that category and nothing inside it is counted again; a step's time "
                                  "not claimed by a category is scheduling_overhead",
                       "device": "GPU kernels/memcpy/memset (when present) take the category of the host "
-                                "event that launched them (same correlation id)"},
+                                "event that launched them (same correlation id)",
+                      "events": "outermost events claimed per category (draft_forward: propose calls, one per "
+                                "drafting step)",
+                      "launches": "CUDA runtime/driver launch calls made inside each category: kernel (one "
+                                  "kernel each) and graph (one captured CUDA graph replayed each); a category "
+                                  "with kernel launches and no graph launches ran without CUDA graphs"},
             "files": out_files,
             "total": {"span_ms": round(total_span, 3), "ms": _round(total), "fraction": _fractions(total, total_span),
-                      "device_ms": _round(device_total), "engine_traces": sum(f["role"] == "engine" for f in out_files)},
+                      "device_ms": _round(device_total), "events": events_total, "launches": launches_total,
+                      "engine_traces": sum(f["role"] == "engine" for f in out_files)},
             "caveat": CAVEAT}
 
 
@@ -399,6 +430,13 @@ def section_markdown(result: dict) -> str:
         if t.get("device_ms"):
             lines += ["", "GPU time by launching category (ms): " +
                       ", ".join(f"{k} {v:.1f}" for k, v in t["device_ms"].items() if v)]
+        calls = {k: v for k, v in (t.get("launches") or {}).items() if v["kernel"] or v["graph"]}
+        if calls:
+            per = (t.get("events") or {})
+            lines += ["", "Launch calls by category (kernel / CUDA-graph launches; per event where counted): " +
+                      "; ".join(f"{k} {v['kernel']} / {v['graph']}" +
+                                (f" ({v['kernel'] / per[k]:.0f} / {v['graph'] / per[k]:.1f} per event over "
+                                 f"{per[k]})" if per.get(k) else "") for k, v in calls.items())]
         lines += ["", "Trace files kept:", ""]
         for f in a["files"]:
             lines.append(f"- `{f['file']}` ({f['role']}, {f['bytes']:,} bytes, sha256 `{f['sha256'][:16]}…`)")

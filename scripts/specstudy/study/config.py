@@ -48,6 +48,32 @@ def _scale_model_problems(cfg: dict, source: str) -> list[str]:
     return []
 
 
+def _variant_problems(cfg: dict) -> list[str]:
+    """``arms.variants``: each varies an arm of the factorial, once, with settings core.arms accepts."""
+    from specstudy.core.arms import arm_name, is_arm_name, override_problems, parse_arm
+
+    arms = cfg["arms"]
+    variants = arms.get("variants") or []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, v in enumerate(variants):
+        where = f"arms.variants[{i}]"
+        base = parse_arm(v["of"]) if is_arm_name(v["of"]) else None
+        if (base is None or "variant" in base or base["method"] not in arms["methods"]
+                or base.get("num_speculative_tokens", 0) not in [0, *(arms.get("num_speculative_tokens") or [])]
+                or base.get("draft_tensor_parallel_size", 0) not in [0, *(arms.get("draft_tensor_parallel_size") or [])]):
+            problems.append(f"field '{where}.of': {v['of']!r} is not an arm of this study's factorial "
+                            f"(arms.methods x num_speculative_tokens x draft_tensor_parallel_size); name one of them")
+            continue
+        name = arm_name({**parse_arm(v["of"]), "variant": v["name"]})
+        if name in seen:
+            problems.append(f"field '{where}.name': {name} is declared twice; give each variant its own name")
+        seen.add(name)
+        problems.extend(override_problems(where, base["method"], v.get("speculative_config"),
+                                          v.get("extra_args"), v.get("env")))
+    return problems
+
+
 def check_config(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
     try:
@@ -76,6 +102,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
     if arms.get("suffix") and "suffix" not in methods:
         problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
+    problems.extend(_variant_problems(cfg))
     record = cfg["engine"].get("methods_record")
     if record and not methods_record_path(cfg).is_file():
         problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "

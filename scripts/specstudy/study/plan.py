@@ -25,7 +25,7 @@ from itertools import product
 from pathlib import Path
 
 from specstudy.core import layout
-from specstudy.core.arms import ARM_PATTERN, arm_name
+from specstudy.core.arms import ARM_PATTERN, VARIANT_SETTINGS, arm_name
 from specstudy.core.atomic import sha256_file
 from specstudy.study.config import ConfigError
 from specstudy.study.phase_decl import CORE_PHASES, DECLS, PHASES
@@ -104,11 +104,30 @@ def servable_arms(cfg: dict) -> list[dict]:
     return [a for a in all_arms(cfg) if a["servable"]]
 
 
+def variant_arms(cfg: dict) -> list[dict]:
+    """The declared variants (``arms.variants``): each the spec of its arm (``of``) with ``variant`` and the
+    variant's settings, named ``<arm>+<variant>``; deployed only where named (``extensions.arms``), never
+    part of the factorial that screening expands."""
+    factorial = {a["name"]: a for a in all_arms(cfg)}
+    out = []
+    for i, v in enumerate((cfg.get("arms") or {}).get("variants") or []):
+        if v["of"] not in factorial:
+            raise ConfigError(f"config: field 'arms.variants[{i}].of' is {v['of']!r}, not an arm of this study's "
+                              f"factorial ({', '.join(factorial)})")
+        spec = {k: val for k, val in factorial[v["of"]].items() if k != "name"}
+        spec["variant"] = v["name"]
+        spec.update({k: v[k] for k in VARIANT_SETTINGS if v.get(k)})
+        spec["name"] = arm_name(spec)
+        out.append(spec)
+    return out
+
+
 def arm_by_name(cfg: dict, name: str) -> dict:
-    for arm in all_arms(cfg):
+    for arm in all_arms(cfg) + variant_arms(cfg):
         if arm["name"] == name:
             return arm
-    raise KeyError(f"arm {name!r} is not part of this study's factorial (arms: {', '.join(a['name'] for a in all_arms(cfg))})")
+    raise KeyError(f"arm {name!r} is not part of this study's factorial or its variants "
+                   f"(arms: {', '.join(a['name'] for a in all_arms(cfg) + variant_arms(cfg))})")
 
 
 def _rng(seed: int, *parts) -> random.Random:
@@ -150,11 +169,11 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     seed = cfg["study"]["seed"]
     design = phase_design(cfg, phase, prereg)
     every = all_arms(cfg)
-    if arms is not None:
-        known = {a["name"]: a for a in every}
+    if arms is not None:  # named arms: the factorial's and the declared variants
+        known = {a["name"]: a for a in every + variant_arms(cfg)}
         unknown = [a for a in arms if a not in known]
         if unknown:
-            raise KeyError(f"arms not in the factorial: {unknown}")
+            raise KeyError(f"arms not in the factorial or its variants: {unknown}")
         chosen = [known[a] for a in arms]
     else:
         chosen = [a for a in every if a["servable"]]

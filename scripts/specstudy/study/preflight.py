@@ -110,7 +110,7 @@ def extension_arm_problems(cfg: dict) -> list[str]:
         return []
     from specstudy.study import plan
 
-    known = [a["name"] for a in plan.all_arms(cfg)]
+    known = [a["name"] for a in plan.all_arms(cfg) + plan.variant_arms(cfg)]
     bad = [a for a in arms if a not in known]
     if not bad:
         return []
@@ -120,8 +120,8 @@ def extension_arm_problems(cfg: dict) -> list[str]:
     for a in bad:
         near = [m for m, _score, _ in process.extract(a, known, limit=2)]
         hints.append(f"{a!r} (nearest: {', '.join(near)})")
-    return [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial; use arm names from "
-            f"arms.methods × num_speculative_tokens ({', '.join(known)})"]
+    return [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial or its variants; use arm "
+            f"names from arms.methods × num_speculative_tokens or arms.variants ({', '.join(known)})"]
 
 
 def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True) -> None:
