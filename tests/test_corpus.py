@@ -144,6 +144,21 @@ def test_chat_jsonl_row_stratum(tmp_path):
     assert [r["prompt_id"] for r in rows] == [f"smoke-{i:04d}" for i in range(4)]
 
 
+
+def test_chat_jsonl_template_wraps_the_last_message_and_bad_lines_say_why(tmp_path):
+    src = tmp_path / "chat.jsonl"
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    src.write_text(json.dumps({"id": "a", "messages": msgs}) + "\n[1, 2]\n{not json\n")
+    items, malformed = corpus.import_chat_jsonl(src, {"template": "Q: {message}"})
+    assert [i["messages"] for i in items] == [[msgs[0], {"role": "user", "content": "Q: hi"}]]
+    assert [m["reason"] for m in malformed][0] == "each line must be a JSON object with 'messages'"
+    assert malformed[1]["reason"].startswith("not valid JSON (") and malformed[1]["where"] == f"{src}: line 3"
+    items, _ = corpus.import_chat_jsonl(src, {})
+    assert items[0]["messages"] == msgs
+    _, malformed = corpus.import_tasks(src, {})
+    assert malformed[1]["reason"] == "each line must be a JSON object" and malformed[1]["where"] == f"{src}: line 2"
+
+
 # ---------------------------------------------------------------------------------------- determinism
 
 def test_rebuild_is_byte_identical(tmp_path):

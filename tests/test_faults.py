@@ -281,6 +281,22 @@ def _signal_mid_cell(monkeypatch, event: threading.Event, want_concurrency: int 
     monkeypatch.setattr(loadgen, "run_closed_loop", run)
 
 
+def _launched_servers(monkeypatch) -> list:
+    """The servers the job starts (``launch.start_server`` still starts them), in the order started."""
+    from specstudy.deployment import launch as server_launch
+
+    servers = []
+    real_launch = server_launch.start_server
+
+    def launch(*a, **kw):
+        srv, backend = real_launch(*a, **kw)
+        servers.append(srv)
+        return srv, backend
+
+    monkeypatch.setattr(server_launch, "start_server", launch)
+    return servers
+
+
 def _group_alive(pgid: int) -> list[int]:
     alive = []
     for p in psutil.process_iter(["pid", "status"]):
@@ -311,7 +327,6 @@ def _vllm_spec(fixture_models, built, cells, **server):
 
 @pytest.mark.vllm
 def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_models, built, vllm_available, monkeypatch):
-    from specstudy.deployment import launch as server_launch
     from specstudy.job.run import run_deployment
 
     monkeypatch.chdir(tmp_path)
@@ -320,15 +335,7 @@ def test_server_sigkill_mid_cell_is_a_deployment_failure(tmp_path, fixture_model
     spec = _vllm_spec(fixture_models, built, cells)
     spec["cell_settings"].update(requests=16, drain_timeout_s=120)
     out = tmp_path / "results" / "screen" / "baseline" / "rep1"
-    servers = []
-    real_launch = server_launch.start_server
-
-    def launch(*a, **kw):
-        srv, backend = real_launch(*a, **kw)
-        servers.append(srv)
-        return srv, backend
-
-    monkeypatch.setattr(server_launch, "start_server", launch)
+    servers = _launched_servers(monkeypatch)
     c2_measuring = threading.Event()
     _signal_mid_cell(monkeypatch, c2_measuring)
     killed = []
@@ -370,7 +377,6 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
     """The job hangs (no request reaches the server): the idle watchdog stops the server and the job records
     the failure. Only the stop matters here, so the server is the fake (``FAKE_RUNNING=0``: its /metrics shows
     nothing running, as an idle vLLM's does)."""
-    from specstudy.deployment import launch as server_launch
     from specstudy.job.run import run_deployment
     from specstudy.measure import cell as cellmod
     from test_deploy import BASELINE, fake_captures, fake_engine_section, job_spec
@@ -379,15 +385,7 @@ def test_idle_watchdog_stops_a_server_whose_job_stopped_sending_work(tmp_path, f
     fake_captures(monkeypatch)
     spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python, idle_timeout_s=2,
                                                             env={"FAKE_RUNNING": "0"}))
-    servers = []
-    real_launch = server_launch.start_server
-
-    def launch(*a, **kw):
-        srv, backend = real_launch(*a, **kw)
-        servers.append(srv)
-        return srv, backend
-
-    monkeypatch.setattr(server_launch, "start_server", launch)
+    servers = _launched_servers(monkeypatch)
 
     def hung_cell(*a, **kw):  # the job hangs until the server is gone (the watchdog's stop ends it)
         servers[0].proc.wait(timeout=60)

@@ -106,7 +106,12 @@ def test_one_side_failed_and_missing():
                            "missing_a": 0, "missing_b": 1, "missing_usage": 0}
     assert not row(c, "p2")["comparable"] and "failed in a" in row(c, "p2")["reason"]
     assert row(c, "p3")["reason"] == "missing in b"
+    assert (row(c, "p2")["completion_tokens_a"], row(c, "p2")["completion_tokens_b"]) == (None, 1)
+    assert (row(c, "p3")["completion_tokens_a"], row(c, "p3")["completion_tokens_b"]) == (1, None)
     assert c["distribution"]["normalized_edit_distance"]["count"] == 1
+    both = gate.compare_captures(cap({"p": "x"}, dep="a", failed={"p"}), cap({"q": "y"}, dep="b"))
+    assert row(both, "p")["reason"] == "failed in a: HTTP 500; missing in b"
+    assert row(both, "q")["reason"] == "missing in a" and both["counts"]["missing_a"] == both["counts"]["failed_a"] == 1
 
 
 def test_distribution_median_even_count():

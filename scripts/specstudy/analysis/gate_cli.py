@@ -91,6 +91,15 @@ def _cmd_capture(args) -> int:
     return 0
 
 
+def add_judge_inputs(parser, *, baseline: str, candidate: str, control: str) -> None:
+    """A judge's three groups of files (captures, or the deployment records naming them), the same options in
+    ``specstudy gate judge`` and ``specstudy phase sampling judge``: ``--baseline`` and ``--candidate`` (one or
+    more each, required), ``--control`` (any number; default none). The arguments are their help texts."""
+    parser.add_argument("--baseline", nargs="+", required=True, metavar="FILE", help=baseline)
+    parser.add_argument("--candidate", nargs="+", required=True, metavar="FILE", help=candidate)
+    parser.add_argument("--control", nargs="*", default=[], metavar="FILE", help=control)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("gate", help="greedy correctness gate: captures, comparisons, calibrated verdicts",
                               description=DESCRIPTION)
@@ -104,13 +113,10 @@ def register(subparsers) -> None:
     c.set_defaults(func=_cmd_compare)
 
     j = sub.add_parser("judge", help="judge a speculative arm against the baseline, calibrated by a control")
-    j.add_argument("--baseline", nargs="+", required=True, metavar="FILE",
-                   help="captures (or deployment.json) of the baseline deployments")
-    j.add_argument("--candidate", nargs="+", required=True, metavar="FILE",
-                   help="captures (or deployment.json) of the speculative arm's deployments")
-    j.add_argument("--control", nargs="*", default=[], metavar="FILE",
-                   help="captures (or deployment.json) of independently launched deployments of one configuration "
-                        "(all baseline repeats): every pair of them is a control pair")
+    add_judge_inputs(j, baseline="captures (or deployment.json) of the baseline deployments",
+                     candidate="captures (or deployment.json) of the speculative arm's deployments",
+                     control="captures (or deployment.json) of independently launched deployments of one "
+                             "configuration (all baseline repeats): every pair of them is a control pair")
     j.add_argument("--control-a", nargs="*", default=[], metavar="FILE",
                    help="captures (or deployment.json) of control deployment A")
     j.add_argument("--control-b", nargs="*", default=[], metavar="FILE",

@@ -283,6 +283,23 @@ def _read_jsonl(path: Path) -> list[tuple[int, Any, str | None]]:
     return rows
 
 
+def _check_row(row: Any, err: str | None, needs: str = "") -> None:
+    """A line of a JSONL source (:func:`_read_jsonl`) is a JSON object, or the line is malformed."""
+    if err:
+        raise _Malformed(err)
+    if not isinstance(row, dict):
+        raise _Malformed(f"each line must be a JSON object{needs}")
+
+
+def _template_last(messages: list[dict], spec: dict, where: str) -> list[dict]:
+    """The spec's ``template`` (placeholder ``{message}``) applied to the last message; none: as they are."""
+    if spec.get("template") is None:
+        return messages
+    last = dict(messages[-1])
+    last["content"] = _fill(spec["template"], "{message}", {"message": last["content"]}, where)
+    return [*messages[:-1], last]
+
+
 def import_sharegpt(path: Path, spec: dict) -> tuple[list[dict], list[dict]]:
     """ShareGPT-style JSON: a list of ``{"id", "conversations": [{"from", "value"}, ...]}``.
 
@@ -337,10 +354,7 @@ def import_sharegpt(path: Path, spec: dict) -> tuple[list[dict], list[dict]]:
         except _Malformed as exc:
             malformed.append({"where": where, "reason": str(exc)})
             continue
-        if spec.get("template") is not None:
-            last = dict(messages[-1])
-            last["content"] = _fill(spec["template"], "{message}", {"message": last["content"]}, where)
-            messages = [*messages[:-1], last]
+        messages = _template_last(messages, spec, where)
         items.append({"source_id": sid, "row": index, "where": where,
                       "messages": _with_system(messages, spec.get("system_prompt")), "stratum": None})
     return items, malformed
@@ -357,10 +371,7 @@ def import_tasks(path: Path, spec: dict) -> tuple[list[dict], list[dict]]:
     for lineno, row, err in _read_jsonl(path):
         where = f"{path}: line {lineno}"
         try:
-            if err:
-                raise _Malformed(err)
-            if not isinstance(row, dict):
-                raise _Malformed("each line must be a JSON object")
+            _check_row(row, err)
             prompt = row.get(prompt_field)
             if not isinstance(prompt, str) or not prompt.strip():
                 raise _Malformed(f"field '{prompt_field}' must be a non-empty string (set options.prompt_field "
@@ -419,10 +430,7 @@ def import_documents_jsonl(path: Path, spec: dict) -> tuple[list[dict], list[dic
     for lineno, row, err in _read_jsonl(path):
         where = f"{path}: line {lineno}"
         try:
-            if err:
-                raise _Malformed(err)
-            if not isinstance(row, dict):
-                raise _Malformed("each line must be a JSON object")
+            _check_row(row, err)
             text = row.get(text_field)
             if isinstance(text, list):
                 text = "\n".join(map(str, text))
@@ -444,10 +452,7 @@ def import_chat_jsonl(path: Path, spec: dict) -> tuple[list[dict], list[dict]]:
     for lineno, row, err in _read_jsonl(path):
         where = f"{path}: line {lineno}"
         try:
-            if err:
-                raise _Malformed(err)
-            if not isinstance(row, dict):
-                raise _Malformed("each line must be a JSON object with 'messages'")
+            _check_row(row, err, " with 'messages'")
             messages = _check_messages(row.get("messages"))
             stratum = row.get("stratum")
             if stratum is not None and not (isinstance(stratum, str) and re.match(r"^[a-z][a-z0-9_]*$", stratum)):
@@ -455,10 +460,7 @@ def import_chat_jsonl(path: Path, spec: dict) -> tuple[list[dict], list[dict]]:
         except _Malformed as exc:
             malformed.append({"where": where, "reason": str(exc)})
             continue
-        if spec.get("template") is not None:
-            last = dict(messages[-1])
-            last["content"] = _fill(spec["template"], "{message}", {"message": last["content"]}, where)
-            messages = [*messages[:-1], last]
+        messages = _template_last(messages, spec, where)
         items.append({"source_id": str(row.get("id", f"line{lineno}")), "row": lineno, "where": where,
                       "messages": _with_system(messages, spec.get("system_prompt")), "stratum": stratum})
     return items, malformed

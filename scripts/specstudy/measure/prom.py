@@ -1,7 +1,8 @@
 """vLLM ``/metrics`` (Prometheus text) parsing, counter deltas, reset/restart detection.
 
 Everything here is a pure function of the scraped text except :func:`fetch_metrics` (the one place that
-GETs ``/metrics``) and :func:`fetch_kv_cache_config`. Every reader of ``/metrics`` (cells, the deployment
+GETs ``/metrics``), :func:`fetch_kv_cache_config` and :class:`MetricsPoller` (the one periodic scrape loop of
+the in-window samplers: the capacity search's and the memory phase's). Every reader of ``/metrics`` (cells, the deployment
 job, the idle watchdog, telemetry, the capacity search) parses through :func:`parse`, except the capacity
 search's in-window sampler, which reads its three gauges with :func:`scan_gauges` (a line-prefix scan that
 must agree with :func:`gauges`; a full parse holds the GIL for ~13 ms and starves the load generator).
@@ -23,8 +24,11 @@ Definitions are documented in ``docs/metrics.md``; the short version:
 from __future__ import annotations
 
 import math
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -422,6 +426,43 @@ def fetch_metrics(url: str, timeout: float = 10.0, api_key: str | None = None) -
     if status != 200:
         raise MetricsUnavailable(f"GET {url}: HTTP {status}")
     return body
+
+
+class MetricsPoller:
+    """GETs ``url`` (:func:`fetch_metrics`) every ``interval`` s in a daemon thread named ``name`` and hands
+    each page to ``take(t, text)``, ``t`` the monotonic time just before the GET.
+
+    A scrape or a ``take`` that raises is a missing sample, counted in ``errors``. After each scrape the
+    thread waits what is left of ``interval`` (a slow scrape delays the next one; missed ones are not caught
+    up). The loop itself does nothing with the page: what ``take`` does is all the page costs under the GIL,
+    so a sampler beside the load generator keeps ``take`` cheap (:func:`scan_gauges`, no full parse).
+    """
+
+    def __init__(self, url: str, interval: float, take: Callable[[float, str], None], *, timeout: float,
+                 api_key: str | None = None, name: str = "metrics-poller"):
+        self.url, self.interval, self.timeout, self.api_key = url, interval, timeout, api_key
+        self.take = take
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            try:
+                self.take(t, fetch_metrics(self.url, timeout=self.timeout, api_key=self.api_key))
+            except Exception:  # noqa: BLE001 - an unreachable or unreadable scrape is a missing sample, counted
+                self.errors += 1
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+
+    def start(self) -> MetricsPoller:
+        self._thread.start()
+        return self
+
+    def stop(self, join_timeout: float) -> None:
+        """Ask the thread to stop and wait for it at most ``join_timeout`` s."""
+        self._stop.set()
+        self._thread.join(timeout=join_timeout)
 
 
 def fetch_kv_cache_config(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> tuple[dict | None, str | None]:

@@ -327,33 +327,31 @@ def _complete(base_url: str, model: str, prompt: list[int], output_tokens: int, 
 
 
 class _Sampler:
-    """Polls ``/metrics`` every ``interval`` s (running, waiting, KV usage) until stopped."""
+    """Polls ``/metrics`` every ``interval`` s (running, waiting, KV usage) until stopped
+    (:class:`~specstudy.measure.prom.MetricsPoller`)."""
 
     def __init__(self, url: str, interval: float, api_key: str | None):
         self.url, self.interval, self.api_key = url, interval, api_key
         self.samples: list[dict] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
+        self._poller = prom.MetricsPoller(url, interval, self._take, timeout=max(1.0, 4 * interval), api_key=api_key,
+                                          name="memory-sampler")
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            t = time.monotonic()
-            try:
-                g = prom.gauges(prom.fetch_metrics(self.url, timeout=max(1.0, 4 * self.interval), api_key=self.api_key))
-                self.samples.append({"t": t, "running": g["num_requests_running"], "waiting": g["num_requests_waiting"],
-                                     "kv_cache_usage": g["kv_cache_usage"]})
-            except Exception:  # noqa: BLE001 - a missed scrape is a missing sample, counted
-                self.errors += 1
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+    def _take(self, t: float, text: str) -> None:
+        g = prom.gauges(text)
+        self.samples.append({"t": t, "running": g["num_requests_running"], "waiting": g["num_requests_waiting"],
+                             "kv_cache_usage": g["kv_cache_usage"]})
+
+    @property
+    def errors(self) -> int:
+        """Scrapes that failed (missing samples)."""
+        return self._poller.errors
 
     def __enter__(self) -> _Sampler:
-        self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        self._poller.stop(join_timeout=30)
 
 
 def _scrape(url: str, api_key: str | None) -> str | None:

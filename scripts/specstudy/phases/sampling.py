@@ -22,8 +22,9 @@ its cell summaries (``results/sampling/<arm>/<rep>/<workload>/c<c>/summary.json`
 The sampling results are kept apart from the greedy study and never pooled with it: the two sets of
 figures are shown side by side, each against its own baseline, and nothing here feeds the decision.
 
-CLI: ``specstudy phase summary sampling`` and ``specstudy phase sampling capture | judge``. Imports ``core``,
-``study``, ``inputs.corpus`` and the phases' registry, capture and judge.
+CLI: ``specstudy phase summary sampling`` and ``specstudy phase sampling capture | judge`` (the judge's file
+options are the gate judge's, :func:`specstudy.analysis.gate_cli.add_judge_inputs`). Imports ``core``,
+``study``, ``inputs.corpus``, ``analysis.gate_cli`` and the phases' registry, capture and judge.
 """
 
 from __future__ import annotations
@@ -423,14 +424,13 @@ class SamplingPhase(Phase):
         k.add_argument("--out", required=True)
         k.set_defaults(func=_cmd_capture)
 
+        from specstudy.analysis.gate_cli import add_judge_inputs
+
         j = sub.add_parser("judge", help="judge a speculative arm's sampled outputs against a baseline-vs-baseline "
                            "control (the phase's summary runs it for every arm)")
-        j.add_argument("--baseline", nargs="+", required=True, metavar="FILE",
-                       help="baseline sampled captures, or the deployment records naming them")
-        j.add_argument("--candidate", nargs="+", required=True, metavar="FILE",
-                       help="the arm's sampled captures, or its deployment records")
-        j.add_argument("--control", nargs="*", default=[], metavar="FILE",
-                       help="control captures (two or more baseline deployments); default: the baseline ones")
+        add_judge_inputs(j, baseline="baseline sampled captures, or the deployment records naming them",
+                         candidate="the arm's sampled captures, or its deployment records",
+                         control="control captures (two or more baseline deployments); default: the baseline ones")
         j.add_argument("--prereg", required=True, help="pre-registration YAML (its sampling section)")
         j.add_argument("--arm", required=True, help="name of the speculative arm")
         j.add_argument("--phase", default=SAMPLED_PHASE, help="recorded phase (default: sampling)")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from specstudy.core import atomic
 from specstudy.core.stat_util import percentile
+from specstudy.measure import prom
 from specstudy.measure.capacity.step import StepResult, finite
 
 
@@ -37,7 +37,8 @@ def ols_slope(ts: list[float], ys: list[float]) -> tuple[float | None, float | N
 
 
 class MetricsSampler:
-    """Polls ``/metrics`` every ``interval`` s in a thread; records scheduler gauges with monotonic time.
+    """Polls ``/metrics`` every ``interval`` s in a thread (:class:`~specstudy.measure.prom.MetricsPoller`);
+    records scheduler gauges with monotonic time.
 
     It runs in the load generator's process during the measured window, so it must not hold the GIL for
     milliseconds: the gauges come from :func:`specstudy.measure.prom.scan_gauges` (a line-prefix scan, tens of
@@ -51,33 +52,27 @@ class MetricsSampler:
         self.samples: list[dict] = []
         self.pages: list[tuple[float, str]] = []
         self.keep_pages = keep_pages
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="capacity-sampler", daemon=True)
+        self._poller = prom.MetricsPoller(url, interval, self._take, timeout=max(1.0, interval * 2),
+                                          name="capacity-sampler")
 
-    def _loop(self) -> None:
-        from specstudy.measure import prom
+    def _take(self, t: float, text: str) -> None:
+        g = prom.scan_gauges(text)
+        self.samples.append({"t": t, "waiting": g["num_requests_waiting"],
+                             "running": g["num_requests_running"], "kv_cache_usage": g["kv_cache_usage"]})
+        if self.keep_pages:
+            self.pages.append((t, text))
 
-        while not self._stop.is_set():
-            t = time.monotonic()
-            try:
-                text = prom.fetch_metrics(self.url, timeout=max(1.0, self.interval * 2))
-                g = prom.scan_gauges(text)
-                self.samples.append({"t": t, "waiting": g["num_requests_waiting"],
-                                     "running": g["num_requests_running"], "kv_cache_usage": g["kv_cache_usage"]})
-                if self.keep_pages:
-                    self.pages.append((t, text))
-            except Exception:  # an unreachable or unreadable scrape is a missing sample, counted
-                self.errors += 1
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+    @property
+    def errors(self) -> int:
+        """Scrapes that failed (missing samples)."""
+        return self._poller.errors
 
     def start(self) -> MetricsSampler:
-        self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> list[dict]:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        self._poller.stop(join_timeout=10)
         return self.samples
 
 
@@ -89,8 +84,6 @@ def summarize_step(rate: float, rows: list[dict], client: dict, samples: list[di
     ``[warmup_s, warmup_s + duration_s]`` of the load generator's timeline (approximated for the
     sampler by the monotonic time just before ``run_open_loop`` was called).
     """
-    from specstudy.measure import prom
-
     notes = []
     w0, w1 = warmup_s, warmup_s + duration_s
     measured = [r for r in rows if (r.get("scheduled_s") if r.get("scheduled_s") is not None else r.get("start_s", 0)) >= w0]
@@ -197,8 +190,6 @@ def make_step_runner(base_url: str, model: str, requests: list, metrics_url: str
     Each call draws its arrivals from ``arrival_seed + call index`` and continues the prompt list
     where the previous call stopped (round robin). Raw artifacts go to ``artifacts_dir/<kind>-NNN/``.
     """
-    from specstudy.measure import prom
-
     duration = float(duration_s if duration_s is not None else search_cfg["step_duration_s"])
     warm = float(search_cfg["warmup_s"])
     state: dict[str, Any] = {"calls": 0, "offset": 0, "last_after": None}
