@@ -256,6 +256,13 @@ def test_blocked_event_loop_sets_limited(server):
     t = c["tail_tests"]["event_loop_lag_p99_ms"]  # many late ticks, not one: the test, not the p99, decides
     assert t["verdict"] == "fail" and t["late"] >= 3 and t["n"] == c["event_loop_lag_ms"]["count"]
     assert (t["p99"], t["max"]) == (c["event_loop_lag_ms"]["p99"], c["event_loop_lag_ms"]["max"])
+    # each stall carries when the loop woke from it: the worst first, the largest being the recorded max
+    stalls = c["event_loop_stalls"]
+    assert 3 <= len(stalls) <= loadgen.MAX_STALLS and stalls[0]["ms"] == pytest.approx(c["event_loop_lag_ms"]["max"], abs=1e-3)
+    assert [x["ms"] for x in stalls] == sorted((x["ms"] for x in stalls), reverse=True)
+    assert all(x["ms"] > loadgen.STALL_MS and -0.1 < x["at_s"] < c["wall_seconds"] + 0.1 for x in stalls)
+    first_send = min(r["start_unix"] for r in res.rows)
+    assert all(abs(x["unix"] - (first_send + x["at_s"])) < 0.05 for x in stalls)  # one clock with the rows
 
 
 def test_unblocked_run_is_not_limited_by_lag(server):

@@ -160,6 +160,9 @@ TAIL_LIMITS: dict[str, str] = {
 
 #: Interval of the event-loop lag ticker.
 LAG_TICK_S = 0.010
+#: A lag sample above this is a stall worth its time stamp in ``client["event_loop_stalls"]``; at most MAX_STALLS kept.
+STALL_MS = 5.0
+MAX_STALLS = 20
 
 _SUCCESS_FINISH = frozenset(("stop", "length"))
 
@@ -487,14 +490,25 @@ def _trace_config():
     return tc
 
 
-async def _lag_ticker(lags: list[float], stop: asyncio.Event) -> None:
+async def _lag_ticker(lags: list[float], stop: asyncio.Event, ticks: list[float] | None = None) -> None:
     perf = time.perf_counter
     nxt = perf() + LAG_TICK_S
     while not stop.is_set():
         await asyncio.sleep(max(0.0, nxt - perf()))
         now = perf()
         lags.append(max(0.0, now - nxt))
+        if ticks is not None:
+            ticks.append(now)
         nxt = now + LAG_TICK_S
+
+
+def _stalls(lags: list[float], ticks: list[float], t0: float, unix0: float) -> list[dict]:
+    """The worst event-loop stalls (lag above :data:`STALL_MS`, at most :data:`MAX_STALLS`, largest first), each
+    with when the loop woke from it: ``at_s`` into the run and ``unix``, so that a stall can be set against
+    what else ran then (the cell's telemetry rows carry ``unix`` too)."""
+    worst = sorted(((lag, t) for lag, t in zip(lags, ticks, strict=True) if lag * 1e3 > STALL_MS), reverse=True)
+    return [{"ms": round(lag * 1e3, 3), "at_s": round(t - t0, 4), "unix": round(unix0 + (t - t0), 4)}
+            for lag, t in worst[:MAX_STALLS]]
 
 
 def _timer_thread(loop, t0: float, schedule: list[float], fire, stop: threading.Event) -> None:
@@ -578,6 +592,7 @@ async def _run(
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     rows: list[dict | None] = [None] * n
     lags: list[float] = []
+    ticks: list[float] = []
     stop = asyncio.Event()
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, trace_configs=[_trace_config()], auto_decompress=False
@@ -587,7 +602,7 @@ async def _run(
         # ~20 ms; freezing what exists now limits collections during the window to the run's own objects.
         gc.collect()
         gc.freeze()
-        ticker = asyncio.create_task(_lag_ticker(lags, stop))
+        ticker = asyncio.create_task(_lag_ticker(lags, stop, ticks))
         try:
             cpu0 = time.process_time()
             run.unix0 = time.time()
@@ -625,6 +640,7 @@ async def _run(
         "cpu_seconds": round(cpu, 6),
         "cpu_share": round(cpu / wall, 4) if wall > 0 else None,
         "event_loop_lag_ms": _dist([x * 1e3 for x in lags]),
+        "event_loop_stalls": _stalls(lags, ticks, t0, run.unix0),
         "pool_wait_ms": _dist([x * 1e3 for x in run.pool_waits]),
         "max_in_flight": run.max_in_flight,
     }
