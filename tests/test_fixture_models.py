@@ -41,10 +41,9 @@ def test_other_seed_gives_other_weights(tmp_path, fixture_models):
 def test_draft_training_target_generations_changes_the_draft_and_the_record_not_the_target(tmp_path, fixture_models):
     first = json.loads((Path(fixture_models["dir"]) / "models.json").read_text())
     # the default is today's text distillation, also when named
+    # (the plan is all the draft training reads; a second quick build to compare weights costs minutes in CI)
     assert first["draft_training"] == {"method": "kl_text", "steps": 30} == fm.draft_training_plan(None, quick=True)
-    named = fm.build_fixture_models(tmp_path / "named", quick=True, log=lambda *_: None,
-                                    draft_training={"method": "kl_text"})
-    assert named["draft"]["weights_sha256"] == first["draft"]["weights_sha256"]
+    assert fm.draft_training_plan({"method": "kl_text"}, quick=True) == fm.draft_training_plan(None, quick=True)
     lines = []
     seq = fm.build_fixture_models(tmp_path / "seq", quick=True, log=lines.append,
                                   draft_training={"method": "target_generations", "steps": 12})
