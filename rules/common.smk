@@ -198,6 +198,14 @@ def served_model_inputs():
 
 
 # The scale model's rule parameters (rule scale_models, rules/models.smk).
+def fixture_draft_training_arg():
+    """``--draft-training '<json>'`` for rule fixture_models when fixture_models.draft_training is set, else nothing."""
+    import json as _json
+
+    spec = (config.get("fixture_models") or {}).get("draft_training")
+    return "" if spec is None else "--draft-training '{}'".format(_json.dumps(spec, sort_keys=True))
+
+
 def scale_param(key, default):
     return (config.get("scale_model") or {}).get(key, default)
 

@@ -17,12 +17,14 @@ rule fixture_models:
         seed=(config.get("fixture_models") or {}).get("seed", 0),
         quick="--quick" if (config.get("fixture_models") or {}).get("quick") else "",
         draft_preset=(config.get("fixture_models") or {}).get("draft_preset", "default"),
+        # unset: today's kl_text pair (no flag); else the section as JSON (docs/gpu.md "A better pair")
+        draft_training=fixture_draft_training_arg(),
     threads: 2
     conda:
         "../envs/specstudy.yaml"
     shell:
         "specstudy fixture-models --out $(dirname {output.record}) --seed {params.seed} {params.quick} "
-        "--draft-preset {params.draft_preset} > {log} 2>&1"
+        "--draft-preset {params.draft_preset} {params.draft_training} > {log} 2>&1"
 
 
 # The fixture draft's acceptance on held-out text (corpora/heldout/, never trained on) beside the same
