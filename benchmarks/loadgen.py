@@ -380,26 +380,18 @@ def main(argv=None) -> int:
         print(json.dumps(result))
         return 0
 
-    if args.telemetry_only:
+    only = [(key, section) for flag, key, section in ((args.telemetry_only, "telemetry", telemetry_section),
+                                                       (args.capacity_only, "capacity", capacity_section)) if flag]
+    if only:  # one section against its own fake server
+        key, section = only[0]
         server, url = start_server(args)
         try:
-            rows = telemetry_section(args, url, server.pid)
+            rows = section(args, url, server.pid)
         finally:
             server.terminate()
             server.wait(timeout=10)
         if args.json:
-            Path(args.json).write_text(json.dumps({"telemetry": rows}, indent=1))
-        return 0
-
-    if args.capacity_only:
-        server, url = start_server(args)
-        try:
-            rows = capacity_section(args, url, server.pid)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"capacity": rows}, indent=1))
+            Path(args.json).write_text(json.dumps({key: rows}, indent=1))
         return 0
 
     scale = 0.25 if args.quick else 1.0
