@@ -432,7 +432,8 @@ def _measure(job: _Job) -> None:
 
 def _start_telemetry(log) -> Any:
     """The cells' telemetry sampler process (nothing of the sampling then holds the load generator's GIL),
-    or None when it cannot start: the cells then go without telemetry, said in the job log and in each cell's
+    or a stand-in whose every ``begin`` fails when it cannot start: the cells then go without telemetry, said
+    in the job log and in each cell's
     ``telemetry.errors`` — the sampling never moves back into the load generator's process."""
     from specstudy.measure import telemetry_worker
 
