@@ -35,6 +35,7 @@ checkpoint final_candidate:
         gates=gates_of_confirm,
         selection=ancient(selection_file),
         plan=ancient(layout.plan("confirm")),
+        lock=ancient(LOCK_FILE),
     output:
         decision=layout.final_candidate(),
     log:
@@ -47,7 +48,7 @@ checkpoint final_candidate:
         "../envs/specstudy.yaml"
     shell:
         "specstudy final-candidate --config {params.config} --summaries {input.summaries} --gates {input.gates} "
-        "--selection {input.selection} --plan {input.plan} --out {output.decision} > {log} 2>&1"
+        "--selection {input.selection} --plan {input.plan} --lock {input.lock} --out {output.decision} > {log} 2>&1"
 
 
 # Adaptive confirmation (pre-registered stopping rule, docs/report.md): after round confirmation.repeats and each

@@ -4,7 +4,7 @@ A cell has tens to a few hundred event-loop lag samples; over them the p99 is th
 the old rule (``p99 > limit``) let one hiccup exclude a cell. ``loadgen.judge_limits`` counts the samples above
 the limit and fails only when a one-sided exact binomial test shows more than 1 % of them late. Shown here on
 constructed samples and on the real H200 cell that the old rule excluded (screening, ngram-k5, code, c 8: p99
-32 ms over 78 lag samples), read from the pack committed under docs/gpu-results/2026-12-03-scale-lease2/.
+32 ms over 78 lag samples), read from the pack committed under docs/gpu-results/2026-12-03-scale-lease3/.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from specstudy.measure.capacity.runner import loadgen_limits
 from specstudy.measure.capacity.step import StepResult, step_row
 
 ROOT = Path(__file__).resolve().parents[1]
-PACK = ROOT / "docs" / "gpu-results" / "2026-12-03-scale-lease2" / "results.tgz.part0"
+PACK = ROOT / "docs" / "gpu-results" / "2026-12-03-scale-lease3" / "results.tar.xz"
 CELL = "results/screen/ngram-k5/rep1/code/c8/summary.json"
 RAW = "results/screen/ngram-k5/rep1/attempts/screen-ngram-k5-rep1-20261203T114906Z-p2334/code/c8/"
 LIMITS = dict(loadgen.DEFAULT_LIMITS)

@@ -361,7 +361,16 @@ def _cmd_final(args) -> int:
         if (s.get("keys") or {}).get("phase") != "confirm":
             print(f"error: {p} is not a confirmation cell")
             return 2
-    res = final_candidate(summaries, gates, selection, cfg)
+    # the rule is the pre-registered one, as for the recommendation: without it the candidate would be ranked
+    # by the library's default margins (the H200 scale study's record said do_not_enable on 2 % cell margins
+    # while the locked rule, 5 % on the mixture, enabled the same arm)
+    from specstudy.study.prereg import prereg_path
+    from specstudy.study.prereg_guard import verify_lock
+
+    prereg = load_prereg(cfg)
+    if args.lock:
+        verify_lock(args.lock, prereg_path(cfg))
+    res = final_candidate(summaries, gates, selection, cfg, prereg)
     from specstudy.core import schemas
 
     schemas.validate(res, "final-candidate", args.out)
@@ -377,5 +386,6 @@ def register_final(sub) -> None:
     p.add_argument("--gates", nargs="*", default=[])
     p.add_argument("--selection", required=True)
     p.add_argument("--plan", help="results/plan/confirm.json: the selection's sha256 must match its record")
+    p.add_argument("--lock", help="results/screen/prereg-lock.json: refuse a pre-registration changed since it")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_final)

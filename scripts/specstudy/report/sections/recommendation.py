@@ -172,8 +172,12 @@ def decision_evidence_section(B, rec, rounds: list[str]) -> None:
     rounds = [st for st in (read_json_or_none(p) for p in rounds) if isinstance(st, dict)]
     if rounds:
         B.append(("p", "Adaptive confirmation — rounds run and why (one checkpoint per round, "
-                       "results/confirm/rounds/round<n>.json):"))
-        B.append(("table", ["after round", "decision at checkpoint", "next", "why", "stability at checkpoint"],
+                       "results/confirm/rounds/round<n>.json). A checkpoint is an interim look: the confirmation "
+                       "gates need the complete rounds, so it judges with the screening gates (one without a cross-"
+                       "deployment control gives no verdict and blocks its arm there only); what it decides is "
+                       "whether another round is measured, not the recommendation above."))
+        B.append(("table", ["after round", "interim decision (screening gates)", "next", "why",
+                            "stability at checkpoint"],
                   [[st.get("round"), st.get("decision"), "one more round" if st.get("continue") else "stop",
                     st.get("why"), _stab_short(st.get("stability"))] for st in rounds]))
     elif rec.get("phase") == "confirm":
