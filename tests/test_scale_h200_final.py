@@ -192,3 +192,15 @@ def test_the_rounds_table_says_its_checkpoint_decision_is_interim(study):
     md = (report / "report.md").read_text()
     assert "| after round | interim decision (screening gates) | next | why |" in md
     assert "| 3 | do_not_enable | stop |" in md and rec["recommendation"]["decision"] == "enable"
+
+
+def test_stability_is_not_estimable_once_cells_without_two_valid_rounds_are_redrawn(study):
+    """The device's report said "do_not_enable in 73 %": every flip a cell or the mixture left without two
+    distinct valid rounds. Redrawing those leaves only the observed rounds reordered: not estimable."""
+    results, report, rec = study
+    device = json.loads((results / "report" / "recommendation.json").read_text())["recommendation"]["stability"]
+    assert device["outcomes"] == {"do_not_enable": pytest.approx(0.728), "enable ngram-k5": pytest.approx(0.272)}
+    stab = rec["recommendation"]["stability"]
+    assert stab["resamples"] == 0 and stab["note"].startswith("not estimable: with 3 rounds")
+    md = (report / "report.md").read_text()
+    assert "Stability: not estimable: with 3 rounds and these exclusions" in md

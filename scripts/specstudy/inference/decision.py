@@ -423,6 +423,19 @@ def _resampled(comps: list[dict], picks: list) -> list[dict]:
     return out
 
 
+def _valid_rounds(comps: list[dict], weights: dict[str, float]) -> dict[tuple, set]:
+    """The distinct rounds with a speedup behind each cell's interval, and behind each (arm, concurrency)
+    mixture level's (the rounds every weighted workload has, as :func:`_mixture` pairs them)."""
+    cells = {(c.get("arm"), c.get("workload"), c.get("concurrency")): {r["rep"] for r in c["repeats"] if r["speedup"]}
+             for c in comps}
+    out: dict[tuple, set] = dict(cells)
+    for arm, conc in {(a, cc) for a, _, cc in cells}:
+        per_w = [cells.get((arm, w, conc)) for w in weights]
+        if per_w and all(v is not None for v in per_w):
+            out[(arm, "mixture", conc)] = set.intersection(*per_w)
+    return out
+
+
 def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[str], concs: list,
               weights: dict[str, float], route_by_workload: bool = False, resamples: int = 500,
               seed: int = 7) -> dict:
@@ -431,7 +444,13 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     A resample that draws fewer than two distinct rounds is excluded and redrawn: its per-cell spread is zero, its
     interval has zero width and its verdict is its point estimate, which no real study with that many rounds can
     produce (with [1.10, 1.20, 0.95] on one cell, every "enable" came from resamples of one round drawn three
-    times). ``degenerate_excluded`` counts the redrawn ones; ``resamples`` counts those kept."""
+    times). The same holds for one cell or one mixture level whose valid rounds are fewer than all rounds (a
+    repeat excluded as invalid): a resample that leaves it fewer than two distinct valid rounds, where the data have
+    two or more, is excluded and redrawn too (the scale study on the H200: two cells with rounds {1, 3} flipped the
+    decision in 73 % of resamples, every time by losing their interval). ``degenerate_excluded`` counts the redrawn
+    ones (``cell_degenerate_excluded`` those of the second kind); ``resamples`` counts those kept. When fewer than
+    one draw in 50 can be kept, the estimate stops with those kept and says so (``note``); when every resample kept
+    is a reordering of the observed rounds (each round once), it carries no information and is not reported."""
     import numpy as np
 
     reps = sorted({r["rep"] for c in comps for r in c["repeats"]}, key=str)
@@ -439,9 +458,12 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     obs_label = decision_label(observed)
     out: dict[str, Any] = {"resamples": 0, "rounds": len(reps), "observed": obs_label, "outcomes": {},
                            "agreement": None, "drivers": [], "degenerate_excluded": 0,
+                           "cell_degenerate_excluded": 0,
                            "method": "bootstrap over rounds (paired: every arm and cell of a resampled round moves "
                            "together); the whole rule recomputed on each resample; resamples with fewer than two "
-                           "distinct rounds (zero spread, zero-width intervals) are excluded and redrawn"}
+                           "distinct rounds (zero spread, zero-width intervals) are excluded and redrawn, and so are "
+                           "resamples that leave a cell or a mixture level with two or more distinct valid rounds "
+                           "fewer than two"}
     if len(reps) < 2:
         out["note"] = "fewer than 2 rounds: stability not estimable"
         return out
@@ -452,12 +474,25 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     flips_when_changed: dict[tuple, int] = {}
     changed = 0
     kept = 0
+    estimable = {k: v for k, v in _valid_rounds(comps, weights).items() if len(v) >= 2}
+    draws = reordered = 0
     while kept < resamples:
+        if draws >= 50 * resamples:
+            out["note"] = (f"{kept} of {resamples} resamples kept after {draws} draws: most resamples leave a cell "
+                           "or mixture level without two distinct valid rounds")
+            break
+        draws += 1
         picks = [reps[i] for i in rng.integers(0, len(reps), size=len(reps))]
         if len(set(picks)) < 2:  # degenerate: one round drawn every time
             out["degenerate_excluded"] += 1
             continue
+        drawn = set(picks)
+        if any(len(v & drawn) < 2 for v in estimable.values()):  # degenerate in one cell or mixture level
+            out["degenerate_excluded"] += 1
+            out["cell_degenerate_excluded"] += 1
+            continue
         kept += 1
+        reordered += len(drawn) == len(reps)
         res = decide(_resampled(comps, picks), gate_by_arm, rule, workloads, concs, weights, route_by_workload)
         lab = decision_label(res)
         counts[lab] = counts.get(lab, 0) + 1
@@ -469,11 +504,19 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
                     flips[(c["arm"], k)] = flips.get((c["arm"], k), 0) + 1
                     if diff:
                         flips_when_changed[(c["arm"], k)] = flips_when_changed.get((c["arm"], k), 0) + 1
-    out["resamples"] = resamples
-    out["outcomes"] = {k: v / resamples for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-    out["agreement"] = counts.get(obs_label, 0) / resamples
+    if kept and reordered == kept:  # every admissible resample holds every round once: the observed data reordered
+        out["note"] = (f"not estimable: with {len(reps)} rounds and these exclusions every admissible resample is a "
+                       "reordering of the observed rounds (the cells' valid rounds leave no resample with a round "
+                       "repeated); stability needs more rounds")
+        out["degenerate_excluded"] = out["cell_degenerate_excluded"] = 0
+        return out
+    if not kept:
+        return out
+    out["resamples"] = kept
+    out["outcomes"] = {k: v / kept for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    out["agreement"] = counts.get(obs_label, 0) / kept
     ranked = sorted(flips, key=lambda k: (-flips_when_changed.get(k, 0), -flips[k], str(k)))
-    out["drivers"] = [{"arm": a, "cell": k, "observed": obs_v.get((a, k)), "flip_rate": flips[(a, k)] / resamples,
+    out["drivers"] = [{"arm": a, "cell": k, "observed": obs_v.get((a, k)), "flip_rate": flips[(a, k)] / kept,
                        "flip_rate_when_decision_changes": (flips_when_changed.get((a, k), 0) / changed) if changed else 0.0}
                       for a, k in ranked[:6]]
     return out

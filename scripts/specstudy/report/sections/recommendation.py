@@ -93,9 +93,14 @@ def recommendation_section(B, rec, deps, s, out: Path, progress: dict | None = N
                       else "single deployment: the declared traffic mixture is evaluated") + ")."))
     capacity_half_blocks(B, rec)
     stab = rec.get("stability") or {}
-    if stab:
-        B.append(("p", f"Stability: {decision.format_outcomes(stab)} ({stab.get('resamples', 0)} bootstrap resamples of "
+    if stab and stab.get("resamples"):
+        B.append(("p", f"Stability: {decision.format_outcomes(stab)} ({stab['resamples']} bootstrap resamples of "
                        f"the {stab.get('rounds', 0)} rounds; the whole rule recomputed on each)."))
+        if stab.get("cell_degenerate_excluded"):
+            B.append(("p", f"{stab['cell_degenerate_excluded']} draws were redrawn because they left a cell or mixture "
+                           "level with fewer than two distinct valid rounds (rounds excluded as invalid)."))
+    elif stab:
+        B.append(("p", f"Stability: {decision.format_outcomes(stab)}."))
     if rule:
         B.append(("p", f"Rule ({rule.get('source')}): intervals of the geometric-mean speedup (t on per-round log ratios) "
                        f"at {rule.get('look_confidence', 0):.4f} per look = {rule.get('confidence', 0):.0%} "
