@@ -361,9 +361,7 @@ def _cmd_final(args) -> int:
         if (s.get("keys") or {}).get("phase") != "confirm":
             print(f"error: {p} is not a confirmation cell")
             return 2
-    # the rule is the pre-registered one, as for the recommendation: without it the candidate would be ranked
-    # by the library's default margins (the H200 scale study's record said do_not_enable on 2 % cell margins
-    # while the locked rule, 5 % on the mixture, enabled the same arm)
+    # the pre-registered rule, as for the recommendation (without it: the library's default margins)
     from specstudy.study.prereg import prereg_path
     from specstudy.study.prereg_guard import verify_lock
 

@@ -446,8 +446,8 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
     produce (with [1.10, 1.20, 0.95] on one cell, every "enable" came from resamples of one round drawn three
     times). The same holds for one cell or one mixture level whose valid rounds are fewer than all rounds (a
     repeat excluded as invalid): a resample that leaves it fewer than two distinct valid rounds, where the data have
-    two or more, is excluded and redrawn too (the scale study on the H200: two cells with rounds {1, 3} flipped the
-    decision in 73 % of resamples, every time by losing their interval). ``degenerate_excluded`` counts the redrawn
+    two or more, is excluded and redrawn too (the H200 scale study: cells with valid rounds {1, 2}, {1, 3} and {2, 3}
+    flipped the decision in 73 % of resamples, every flip from such a resample). ``degenerate_excluded`` counts the redrawn
     ones (``cell_degenerate_excluded`` those of the second kind); ``resamples`` counts those kept. When fewer than
     one draw in 50 can be kept, the estimate stops with those kept and says so (``note``); when every resample kept
     is a reordering of the observed rounds (each round once), it carries no information and is not reported."""
@@ -508,7 +508,6 @@ def stability(comps: list[dict], gate_by_arm: dict, rule: dict, workloads: list[
         out["note"] = (f"not estimable: with {len(reps)} rounds and these exclusions every admissible resample is a "
                        "reordering of the observed rounds (the cells' valid rounds leave no resample with a round "
                        "repeated); stability needs more rounds")
-        out["degenerate_excluded"] = out["cell_degenerate_excluded"] = 0
         return out
     if not kept:
         return out
