@@ -202,3 +202,186 @@ def test_resume_is_refused_when_a_rebuilt_model_differs_and_restores_nothing(tmp
     assert (work / "results" / "models" / "fixture" / "models.json").read_text() == '{"rebuilt": "in this lease"}'
     assert not list((work / "results").rglob("summary.json")) and not (lease / "resumed").exists()
     assert not (work / ".snakemake").exists()
+
+
+def test_resume_from_a_committed_tar_xz_restores_the_same_as_the_parts(tmp_path):
+    """A pack committed recompressed (docs/gpu-results/*/results.tar.xz) travels with the tree: `resume FILE`
+    reads it without a carried .stage/resume, and restores what the parts restore."""
+    import lzma
+
+    env = _with_specstudy(_env(tmp_path, "gpu-h200.yaml"), tmp_path)
+    weights = {"target": b"target weights", "draft": b"draft weights"}
+    parts = _packed(tmp_path, weights)
+    import gzip
+    raw = gzip.decompress(b"".join(p.read_bytes() for p in sorted(parts.glob("results.tgz.part*"))))
+    pack = tmp_path / "results.tar.xz"
+    pack.write_bytes(lzma.compress(raw))
+    work, lease = tmp_path / "work", tmp_path / "lease"
+    _rebuilt(work, weights)
+    proc = subprocess.run(["bash", str(LEASE), "resume", str(pack)], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from" in proc.stdout and "1 cells" in proc.stdout and (lease / "resumed").exists()
+    summary = work / "results/screen/baseline/rep1/attempts/a1/open_chat/c1/summary.json"
+    assert summary.read_text() == '{"measured": "in the first lease"}'
+    dry = _snakemake(work, "-n")
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
+
+
+@pytest.mark.parametrize("name,content,says", [
+    ("results.tgz", b"not a folder of parts", "is a file but not a .tar.xz pack"),
+    ("results.tar.xz", b"not xz at all", "is not a readable .tar.xz"),
+])
+def test_resume_from_a_bad_file_says_what_to_give_and_restores_nothing(tmp_path, name, content, says):
+    env = _with_specstudy(_env(tmp_path, "gpu-h200.yaml"), tmp_path)
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    work, lease = tmp_path / "work", tmp_path / "lease"
+    _rebuilt(work, {"target": b"t", "draft": b"d"})
+    proc = subprocess.run(["bash", str(LEASE), "resume", str(bad)], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 2 and says in proc.stdout and str(bad) in proc.stdout, proc.stdout + proc.stderr
+    assert not (lease / "resumed").exists() and not (work / ".snakemake").exists()
+
+
+def _profile_env(tmp: Path) -> tuple[dict, Path, Path]:
+    """A finished study's working directory (models with weights, a measured cell) and a fake `snakemake`
+    that logs where it runs and, asked for `profile`, writes a profile record and a trace as the phase does."""
+    env = _env(tmp, "gpu-h200-scale.yaml")
+    work, lease = tmp / "work", tmp / "lease"
+    for rel, data in {"results/models/fixture/models.json": "{}", "results/models/fixture/target/model.safetensors": "w",
+                      "results/models/scale/scale.json": "{}", "results/models/scale/target/model.safetensors": "W",
+                      "results/screen/baseline/rep1/attempts/a1/open_chat/c1/summary.json": '{"study": 1}'}.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(data)
+    for rec in ("results/models/fixture/models.json", "results/models/scale/scale.json"):
+        os.utime(work / rec, (1_000_000_000, 1_000_000_000))
+    (tmp / "bin" / "snakemake").write_text(
+        "#!/bin/sh\necho \"$PWD|$*\" >> \"$SPECSTUDY_LEASE_DIR/snakemake-calls\"\n"
+        "if [ \"$1\" = profile ]; then d=results/profile/draft-k3-tp1/rep1; mkdir -p $d/traces\n"
+        "  echo '{\"launches\": 1}' > $d/kernel-profile.json; echo big > $d/traces/rank0.1.pt.trace.json.gz; fi\n"
+        "exit 0\n")
+    (tmp / "bin" / "snakemake").chmod(0o755)
+    env.update(SPECSTUDY_GPU_EXTRAS="0", SPECSTUDY_LEASE_POLL_S="0.2",
+               SPECSTUDY_GPU_PROFILE_CONFIG="config/gpu-h200-scale-profile.yaml", OUT=str(tmp / "out"))
+    (tmp / "out").mkdir()
+    return env, work, lease
+
+
+def test_the_profile_after_the_study_runs_in_its_own_workdir_and_comes_back_without_traces(tmp_path):
+    """issue 27 item 5: the drafter's profile follows the study in the same background run, in
+    $LEASE/profile-work (the study's results/ untouched, its models hard-linked, not rebuilt: their records
+    newer than the copied tree); `pack` brings the profile's records back but not its traces."""
+    import tarfile
+
+    env, work, lease = _profile_env(tmp_path)
+    proc = subprocess.run(["bash", str(LEASE), "start", "900"], env=env, timeout=60, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run(["bash", str(LEASE), "wait", "60"], env=env, timeout=120, capture_output=True, text=True)
+    assert "background run finished" in proc.stdout, proc.stdout[-2000:]
+    calls = (lease / "snakemake-calls").read_text().splitlines()
+    assert [c.split("|")[0] for c in calls] == [str(work), str(lease / "profile-work")]
+    assert calls[1].split("|")[1].startswith("profile ") and "--configfile config/gpu-h200-scale-profile.yaml" in calls[1]
+    assert (lease / "profile.rc").read_text().strip() == "0"
+    pw = lease / "profile-work"
+    assert (pw / "Snakefile").is_file() and (pw / "config" / "gpu-h200-scale-profile.yaml").is_file()
+    assert not (pw / "results" / "screen").exists() and not (pw / ".venv").exists()
+    for rel in ("results/models/fixture/target/model.safetensors", "results/models/scale/target/model.safetensors"):
+        assert (pw / rel).stat().st_ino == (work / rel).stat().st_ino  # linked, not copied
+    tree_newest = max(p.stat().st_mtime_ns for p in (pw / "scripts").rglob("*.py"))
+    fixture, scale = ((pw / "results/models" / r).stat().st_mtime_ns for r in ("fixture/models.json", "scale/scale.json"))
+    assert tree_newest <= fixture <= scale
+    assert not (work / "results" / "profile").exists()  # the study's results/ got nothing of the profile
+    names = tarfile.open(sorted((tmp_path / "out").glob("results.tgz.part*"))[0]).getnames()
+    assert any(n.endswith("profile-work/results/profile/draft-k3-tp1/rep1/kernel-profile.json") for n in names)
+    assert not any(".pt.trace.json" in n or n.endswith(".safetensors") for n in names)
+    assert "results/screen/baseline/rep1/attempts/a1/open_chat/c1/summary.json" in names
+
+
+def test_the_profile_is_skipped_when_its_estimate_does_not_fit_the_deadline(tmp_path):
+    env, work, lease = _profile_env(tmp_path)
+    env["SPECSTUDY_GPU_PROFILE_S"] = "5000"
+    subprocess.run(["bash", str(LEASE), "start", "900"], env=env, timeout=60, capture_output=True, text=True, check=True)
+    proc = subprocess.run(["bash", str(LEASE), "wait", "60"], env=env, timeout=120, capture_output=True, text=True)
+    assert "background run finished" in proc.stdout
+    assert "profile skipped:" in (lease / "lease.log").read_text() and "needs ~5000" in (lease / "lease.log").read_text()
+    assert len((lease / "snakemake-calls").read_text().splitlines()) == 1 and not (lease / "profile-work").exists()
+
+
+def test_the_better_pair_stage_builds_it_and_measures_both_pairs_in_bf16_on_cuda(tmp_path):
+    """issue 27 item 2: with SPECSTUDY_GPU_PAIR=1 the background run, after the study, builds the
+    target_generations pair and runs benchmarks/acceptance_gap.py (bf16, cuda, served) for it and for the
+    study's own pair; the figures and logs come back in the pack, the weights do not."""
+    import tarfile
+
+    env, work, lease = _profile_env(tmp_path)
+    del env["SPECSTUDY_GPU_PROFILE_CONFIG"]
+    env["SPECSTUDY_GPU_PAIR"] = "1"
+    calls = lease / "pair-calls"
+    (tmp_path / "bin" / "specstudy").write_text(
+        f"#!/bin/sh\necho \"specstudy $*\" >> {calls}\nwhile [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=$2; shift; done\n"
+        "mkdir -p $out/draft && echo w > $out/draft/model.safetensors && echo '{}' > $out/models.json\n")
+    (tmp_path / "bin" / "specstudy").chmod(0o755)
+    py = (tmp_path / "bin" / "python3").read_text()
+    (tmp_path / "bin" / "python3").write_text(py.replace(
+        "  *) exec", f"  *acceptance_gap.py*) echo \"gap $*\" >> {calls}; "
+        "while [ $# -gt 0 ]; do [ \"$1\" = --json ] && j=$2; shift; done; echo '{\"by_k\": {}}' > $j; exit 0 ;;\n  *) exec"))
+    subprocess.run(["bash", str(LEASE), "start", "900"], env=env, timeout=60, capture_output=True, text=True, check=True)
+    proc = subprocess.run(["bash", str(LEASE), "wait", "60"], env=env, timeout=120, capture_output=True, text=True)
+    assert "background run finished" in proc.stdout, proc.stdout[-2000:]
+    build, better, study = (calls.read_text().splitlines())
+    assert build.startswith("specstudy fixture-models --out") and "target_generations" in build
+    for line, models in ((better, f"{lease}/pair/models"), (study, f"{work}/results/models/fixture")):
+        assert f"--models {models} " in line and "--dtypes bfloat16 --device cuda --serve" in line
+        assert "config/gpu-h200.yaml" in line
+    assert [(lease / f"pair-{n}.rc").read_text().strip() for n in ("build", "better", "study")] == ["0", "0", "0"]
+    names = tarfile.open(sorted((tmp_path / "out").glob("results.tgz.part*"))[0]).getnames()
+    assert any(n.endswith("pair/better.json") for n in names) and any(n.endswith("pair/study.json") for n in names)
+    assert not any(n.endswith(".safetensors") for n in names)
+
+
+def test_the_committed_main_lease_1_pack_resumes_into_only_what_is_missing(tmp_path):
+    """The scale study on `main` (docs/gpu-results/2026-12-04-scale-main-lease1) is resumed in lease 2 with
+    the same code: a real Snakemake on this tree with the pack unpacked (as `resume` restores it) plans only
+    the cut deployment (draft-k3-tp1 rep3), its gate, the final candidate and the report before the
+    checkpoint, although every file of the tree is newer than the packed outputs (the device call's copy):
+    the packed metadata's checksums say nothing changed. A change to a rule, the config or a model module
+    that would re-run measured work fails here."""
+    import lzma
+    import tarfile
+
+    pack = ROOT / "docs" / "gpu-results" / "2026-12-04-scale-main-lease1" / "results.tar.xz"
+    work = tmp_path / "tree"
+    work.mkdir()
+    keep = ("Snakefile", "rules", "config", "corpora", "scripts", "envs", "profiles", "report")
+    for name in keep:
+        src = ROOT / name
+        if src.is_dir():
+            # copied with new mtimes, as a device call copies the tree: newer than every packed output
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                            copy_function=shutil.copy)
+        elif src.exists():
+            shutil.copy(src, work / name)
+    with tarfile.open(fileobj=lzma.open(pack)) as tar:
+        tar.extractall(work, filter="data")
+    packed = work / "results" / "plan" / "confirm.json"
+    assert (work / "Snakefile").stat().st_mtime > packed.stat().st_mtime
+    # `start` then touches the model records the prebuild made (touch_prebuilt; fixture first, its input)
+    for rec in ("fixture/models.json", "scale/scale.json"):
+        os.utime(work / "results" / "models" / rec)
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "all", "--configfile", "config/gpu-h200-scale.yaml",
+                          "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(work / "scripts")))
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out[-3000:]
+    stats = out[out.index("Job stats:"):]
+    stats = stats[:stats.index("total")]
+    jobs = {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines()[3:] if ln.strip()}
+    assert jobs == {"deploy_confirm": 1, "gate": 1, "final_candidate": 1, "build_report": 1, "all": 1}, stats
+    assert "wildcards: arm=draft-k3-tp1, rep=rep3" in out
+    # the control: an edit of the scale model's module (an input of rule scale_models) re-runs it, and so
+    # every deployment after it
+    with open(work / "scripts" / "specstudy" / "inputs" / "scale_model.py", "a") as f:
+        f.write("\n# edited\n")
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "all", "--configfile", "config/gpu-h200-scale.yaml",
+                          "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(work / "scripts")))
+    assert "rule scale_models:" in dry.stdout and "deploy_screen" in dry.stdout, dry.stdout[-2000:]

@@ -10,9 +10,11 @@
 #   envs/gpu/lease.sh early-wheels     # HERE, after `make gpu-stage`: copy the few wheels the prebuild needs
 #                                      # beyond the image (jsonschema and its dependencies) to .stage/early,
 #                                      # to be carried with the first part
-#   envs/gpu/lease.sh resume DIR       # a later lease, after the offline install and before start: DIR holds the
+#   envs/gpu/lease.sh resume DIR|FILE  # a later lease, after the offline install and before start: DIR holds the
 #                                      # results.tgz.part* an earlier lease's `wait`/`pack` brought back (carried
-#                                      # as .stage/resume); the rebuilt models are checked against the packed
+#                                      # as .stage/resume), or FILE is such a pack committed recompressed
+#                                      # (docs/gpu-results/*/results.tar.xz: it travels with the tree, no carry);
+#                                      # the rebuilt models are checked against the packed
 #                                      # records (specstudy models-verify), the packed results and Snakemake's
 #                                      # metadata restored, and `start` then runs only what is missing
 #   envs/gpu/lease.sh start BUDGET_S   # after the offline install: start the study + extras in the background
@@ -39,6 +41,20 @@ TARGETS=${SPECSTUDY_GPU_TARGETS:-all}
 # `specstudy capacity compare` of the first two arms.
 CAPACITY_ARMS=${SPECSTUDY_GPU_CAPACITY_ARMS:-}
 EXTRAS=${SPECSTUDY_GPU_EXTRAS:-1}
+# After the study, in the same background run: the profile phase of another config (e.g.
+# config/gpu-h200-scale-profile.yaml) in its own working directory $LEASE/profile-work, so the study's results/
+# stay as the study made them; the models are hard links of the study's, its compile cache a copy. Runs only if
+# SPECSTUDY_GPU_PROFILE_S (its estimate, default 480) still fits before the deadline. Its torch-profiler traces
+# stay on the machine (tens of MB each): `pack` brings back the profile records, which list every trace file
+# with its size and sha256.
+PROFILE_CONFIG=${SPECSTUDY_GPU_PROFILE_CONFIG:-}
+PROFILE_S=${SPECSTUDY_GPU_PROFILE_S:-480}
+# Then, with SPECSTUDY_GPU_PAIR=1 (issue 27 item 2): the better-accepting pair (fixture_models.draft_training
+# target_generations, docs/gpu.md "A better pair") built here with the image's torch, and
+# benchmarks/acceptance_gap.py in bf16 on CUDA, offline and served, for it and for the study's own pair, on the
+# held-out prompts ($LEASE/pair). Only if SPECSTUDY_GPU_PAIR_S (default 420) still fits before the deadline.
+PAIR=${SPECSTUDY_GPU_PAIR:-0}
+PAIR_S=${SPECSTUDY_GPU_PAIR_S:-420}
 mkdir -p "$LEASE"
 now() { date +%s; }
 say() { echo "[lease $(date -u +%H:%M:%S)] $*" | tee -a "$LEASE/lease.log"; }
@@ -75,6 +91,44 @@ capacity_only() {  # SPECSTUDY_GPU_CAPACITY_ARMS: the capacity job of each arm, 
   fi
 }
 
+profile_after() {  # SPECSTUDY_GPU_PROFILE_CONFIG: the profile phase in its own working directory
+  local work="$LEASE/profile-work" t0; t0=$(now)
+  say "profile: snakemake profile ($PROFILE_CONFIG) in $work; the study's results/ untouched"
+  rm -rf "$work" && mkdir -p "$work/results"
+  # the tree without the study's outputs, Snakemake's state or the staged parts
+  tar -C "$REPO" --exclude=./results --exclude=./.snakemake --exclude=./.stage --exclude=./.git --exclude=./.venv \
+    --exclude=./docs/gpu-results -cf - . \
+    | tar -C "$work" -xf -
+  cp -al "$PWD/results/models" "$work/results/models" || { say "profile: no models to link"; echo 2 > "$LEASE/profile.rc"; return; }
+  [ -d results/.vllm-cache ] && cp -a results/.vllm-cache "$work/results/.vllm-cache"
+  # newer than the copied tree, so Snakemake takes the models as built (records: fixture first, its input)
+  touch "$work/results/models/fixture/models.json"
+  [ -f "$work/results/models/scale/scale.json" ] && touch "$work/results/models/scale/scale.json"
+  (cd "$work" && snakemake profile --profile "$REPO/profiles/local" --cores "$CORES" --resources deployments=1 \
+    --configfile "$PROFILE_CONFIG" > "$LEASE/profile.log" 2>&1)
+  echo $? > "$LEASE/profile.rc"
+  say "profile: rc $(cat "$LEASE/profile.rc") after $(( $(now) - t0 )) s"
+}
+
+pair_after() {  # SPECSTUDY_GPU_PAIR=1: the better pair's acceptance in bf16 on CUDA beside the study's pair
+  local dir="$LEASE/pair" t0; t0=$(now)
+  say "better pair: fixture-models --draft-training target_generations ($dir/models), then acceptance_gap in bf16 on cuda"
+  rm -rf "$dir" && mkdir -p "$dir"
+  specstudy fixture-models --out "$dir/models" --seed 0 --draft-training '{"method": "target_generations"}' \
+    > "$dir/build.log" 2>&1
+  echo $? > "$LEASE/pair-build.rc"
+  say "better pair: build rc $(cat "$LEASE/pair-build.rc") after $(( $(now) - t0 )) s"
+  [ "$(cat "$LEASE/pair-build.rc")" = 0 ] || return
+  local name models
+  for name in better study; do
+    models="$dir/models"; [ "$name" = study ] && models="$PWD/results/models/fixture"
+    python3 "$REPO/benchmarks/acceptance_gap.py" --models "$models" --k 2,3 --dtypes bfloat16 --device cuda --serve \
+      --config "$REPO/config/gpu-h200.yaml" --logdir "$dir/serve-$name" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
+    echo $? > "$LEASE/pair-$name.rc"
+    say "better pair: acceptance of the $name pair rc $(cat "$LEASE/pair-$name.rc") after $(( $(now) - t0 )) s"
+  done
+}
+
 background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
   local deadline=$1
   if [ -n "$CAPACITY_ARMS" ]; then
@@ -89,6 +143,20 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
     > "$LEASE/study.log" 2>&1
   echo $? > "$LEASE/study.rc"
   say "study: rc $(cat "$LEASE/study.rc") after $(( $(now) - t0 )) s"
+  if [ -n "$PROFILE_CONFIG" ]; then
+    if (( $(now) + PROFILE_S < deadline )); then
+      profile_after
+    else
+      say "profile skipped: $(( deadline - $(now) )) s left, needs ~$PROFILE_S"
+    fi
+  fi
+  if [ "$PAIR" = 1 ]; then
+    if (( $(now) + PAIR_S < deadline )); then
+      pair_after
+    else
+      say "better pair skipped: $(( deadline - $(now) )) s left, needs ~$PAIR_S"
+    fi
+  fi
   if [ "$EXTRAS" = 0 ]; then
     say "extras skipped (SPECSTUDY_GPU_EXTRAS=0)"
     touch "$LEASE/done"
@@ -127,14 +195,28 @@ wait_prebuild() {  # a prebuild started from this lease dir, at most 600 s; anot
   fi
 }
 
-resume() {  # DIR: results.tgz.part* of an earlier lease; the rebuilt models must be the packed records' models
-  local dir=$1 parts
-  parts=$(ls "$dir"/results.tgz.part* 2>/dev/null) || true
-  [ -n "$parts" ] || { say "resume: no results.tgz.part* in $dir (copy an earlier lease's parts there)"; return 2; }
+resume() {  # DIR: results.tgz.part* of an earlier lease, or FILE: such a pack recompressed (*.tar.xz); the
+  # rebuilt models must be the packed records' models
+  local dir=$1 parts=""
+  if [ -f "$dir" ]; then
+    case "$dir" in
+      *.tar.xz|*.txz) ;;
+      *) say "resume: $dir is a file but not a .tar.xz pack (give the folder of results.tgz.part* or a committed results.tar.xz)"; return 2 ;;
+    esac
+  else
+    parts=$(ls "$dir"/results.tgz.part* 2>/dev/null) || true
+    [ -n "$parts" ] || { say "resume: no results.tgz.part* in $dir (copy an earlier lease's parts there, or give a committed results.tar.xz)"; return 2; }
+  fi
   wait_prebuild
   rm -rf "$LEASE/resume" && mkdir -p "$LEASE/resume"
-  # shellcheck disable=SC2086  # parts: the sorted part files
-  cat $parts | tar -xzf - -C "$LEASE/resume" || { say "resume: the parts in $dir do not make one archive"; return 2; }
+  if [ -z "$parts" ]; then
+    # Python's lzma, not xz(1): the GPU image need not have xz-utils
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$dir" 2>/dev/null \
+      | tar -xf - -C "$LEASE/resume" && [ "${PIPESTATUS[0]}" = 0 ] || { say "resume: $dir is not a readable .tar.xz"; return 2; }
+  else
+    # shellcheck disable=SC2086  # parts: the sorted part files
+    cat $parts | tar -xzf - -C "$LEASE/resume" || { say "resume: the parts in $dir do not make one archive"; return 2; }
+  fi
   [ -d "$LEASE/resume/results" ] || { say "resume: no results/ in the archive from $dir"; return 2; }
   [ -d "$LEASE/resume/.snakemake/metadata" ] || { say "resume: the archive has no .snakemake/metadata (packed before it was kept): Snakemake would re-run every job; start afresh"; return 2; }
   if ! specstudy models-verify --records "$LEASE/resume/results/models" --models results/models | tee -a "$LEASE/lease.log"; then
@@ -174,9 +256,11 @@ pack() {
   mkdir -p "$LEASE/logs"
   cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
   # no weights (the models are rebuilt from their seeds), but their records, configs and tokenizers
+  # nor the torch-profiler traces (tens of MB each; the profile records list them with size and sha256)
   tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
+      --exclude='*.pt.trace.json*' --exclude='*.profiler_out.txt' \
       -czf "$LEASE/results.tgz" results .snakemake/metadata .snakemake/incomplete "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
-      "$LEASE/startup-cache" 2>/dev/null
+      "$LEASE/startup-cache" "$LEASE/profile-work/results" "$LEASE/pair" 2>/dev/null
   # split beside the archive, then swap the parts into $OUT: a device call killed at its limit (the
   # session's device time ran out) still brings back the last complete pack of a `wait`
   rm -rf "$LEASE/parts" && mkdir -p "$LEASE/parts"
@@ -239,7 +323,7 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
     sleep 5; progress ;;
   _background) background "$2" ;;
   _touch_prebuilt) touch_prebuilt ;;
-  resume) resume "${2:?usage: lease.sh resume DIR}" ;;
+  resume) resume "${2:?usage: lease.sh resume DIR|FILE.tar.xz}" ;;
   wait)
     limit=$(( $(now) + ${2:?usage: lease.sh wait SECONDS} ))
     every=${SPECSTUDY_LEASE_PACK_S:-120}; next_pack=$(( $(now) + every ))
@@ -251,5 +335,5 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
     [ -f "$LEASE/done" ] && say "background run finished"
     pack ;;
   pack) pack ;;
-  *) echo "usage: lease.sh early-wheels | prebuild | resume DIR | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
+  *) echo "usage: lease.sh early-wheels | prebuild | resume DIR|FILE.tar.xz | start BUDGET_S | wait SECONDS | pack"; exit 2 ;;
 esac
