@@ -29,7 +29,9 @@ def _env(tmp: Path, config: str) -> dict:
     (b / "python3").chmod(0o755)
     (tmp / "work" / "results" / "logs" / "models").mkdir(parents=True)
     (tmp / "lease").mkdir()
+    # SPECSTUDY_LEASE_START_SLEEP_S: `start` prints its first progress line at once (5 s on the device)
     return dict(os.environ, PATH=f"{b}:{os.environ['PATH']}", SPECSTUDY_LEASE_DIR=str(tmp / "lease"),
+                SPECSTUDY_LEASE_START_SLEEP_S="0",
                 SPECSTUDY_WORKDIR=str(tmp / "work"), SPECSTUDY_GPU_CONFIG=str(ROOT / "config" / config))
 
 

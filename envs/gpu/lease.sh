@@ -320,7 +320,7 @@ build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_pre
     nvidia-smi > "$LEASE/nvidia-smi.txt" 2>&1
     say "background run starts; deadline in $budget s"
     setsid nohup bash "$0" _background "$deadline" > "$LEASE/background.log" 2>&1 < /dev/null &
-    sleep 5; progress ;;
+    sleep "${SPECSTUDY_LEASE_START_SLEEP_S:-5}"; progress ;;  # the first progress line after the run got going
   _background) background "$2" ;;
   _touch_prebuilt) touch_prebuilt ;;
   resume) resume "${2:?usage: lease.sh resume DIR|FILE.tar.xz}" ;;
