@@ -129,6 +129,10 @@ pair_after() {  # SPECSTUDY_GPU_PAIR=1: the better pair's acceptance in bf16 on 
   done
 }
 
+if_it_fits() {  # DEADLINE SECONDS NAME FUNCTION: run FUNCTION only if its estimate still fits before DEADLINE
+  if (( $(now) + $2 < $1 )); then "$4"; else say "$3 skipped: $(( $1 - $(now) )) s left, needs ~$2"; fi
+}
+
 background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
   local deadline=$1
   if [ -n "$CAPACITY_ARMS" ]; then
@@ -143,20 +147,8 @@ background() {  # the whole background run; writes $LEASE/<stage>.rc as each sta
     > "$LEASE/study.log" 2>&1
   echo $? > "$LEASE/study.rc"
   say "study: rc $(cat "$LEASE/study.rc") after $(( $(now) - t0 )) s"
-  if [ -n "$PROFILE_CONFIG" ]; then
-    if (( $(now) + PROFILE_S < deadline )); then
-      profile_after
-    else
-      say "profile skipped: $(( deadline - $(now) )) s left, needs ~$PROFILE_S"
-    fi
-  fi
-  if [ "$PAIR" = 1 ]; then
-    if (( $(now) + PAIR_S < deadline )); then
-      pair_after
-    else
-      say "better pair skipped: $(( deadline - $(now) )) s left, needs ~$PAIR_S"
-    fi
-  fi
+  [ -n "$PROFILE_CONFIG" ] && if_it_fits "$deadline" "$PROFILE_S" "profile" profile_after
+  [ "$PAIR" = 1 ] && if_it_fits "$deadline" "$PAIR_S" "better pair" pair_after
   if [ "$EXTRAS" = 0 ]; then
     say "extras skipped (SPECSTUDY_GPU_EXTRAS=0)"
     touch "$LEASE/done"
