@@ -134,3 +134,51 @@ def test_extension_arms_may_name_variants_and_misspelt_ones_get_the_nearest(cfg)
     bad["extensions"]["arms"] = ["draft-k3-tp1+eagre-draft"]
     (problem,) = extension_arm_problems(bad)
     assert "nearest: draft-k3-tp1+eager-draft" in problem and "arms.variants" in problem
+
+
+def _patterns(node, path=""):
+    """Every (json path, pattern) in a schema."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield path, value
+            else:
+                yield from _patterns(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _patterns(value, f"{path}/{i}")
+
+
+def test_every_schema_spells_arm_names_as_core_arms_does():
+    """One source of truth: an arm-name pattern in a record or table schema is core.arms.ARM_PATTERN (variants
+    included). Lease 2 of 2026-12-06 lost its profile records to a deployment schema that still had the
+    pre-variant spelling."""
+    from specstudy.core.layout import SEGMENT_PATTERN
+
+    seen = {}
+    for path in sorted((ROOT / "config" / "schemas").glob("*.json")):
+        for where, pattern in _patterns(json.loads(path.read_text())):
+            if "draft-k" in pattern:
+                seen[f"{path.name}{where}"] = pattern
+    assert len(seen) >= 5, seen  # deployment, table-cells, table-deployments, table-gates, table-requests
+    assert {k: v for k, v in seen.items() if v != f"^{ARM_PATTERN}$"} == {}
+    dep = json.loads((ROOT / "config" / "schemas" / "deployment.schema.json").read_text())
+    assert dep["properties"]["deployment_id"]["pattern"] == f"^{SEGMENT_PATTERN}$"
+
+
+def test_a_variant_arms_deployment_record_validates():
+    """A real deployment record (the scale study on the H200) as a profiled variant would write it: its arm
+    name and deployment id carry the '+'; a malformed variant is still refused, naming the field."""
+    from specstudy.core import schemas
+    from specstudy.deployment.records import new_deployment_id
+
+    rec = json.loads((ROOT / "tests/data/scale-h200/results/confirm/baseline/rep1/deployment.json").read_text())
+    schemas.validate(rec, "deployment")
+    variant = copy.deepcopy(rec)
+    variant.update(phase="profile", deployment_id=new_deployment_id("profile", "baseline+v1-sync", 1))
+    variant["arm"]["name"] = "baseline+v1-sync"
+    assert "+v1-sync-rep1-" in variant["deployment_id"]
+    schemas.validate(variant, "deployment")
+    variant["arm"]["name"] = "baseline+V1"
+    with pytest.raises(Exception, match=r"arm\.name"):
+        schemas.validate(variant, "deployment")
