@@ -387,3 +387,54 @@ def test_the_committed_main_lease_1_pack_resumes_into_only_what_is_missing(tmp_p
                           "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, PYTHONPATH=str(work / "scripts")))
     assert "rule scale_models:" in dry.stdout and "deploy_screen" in dry.stdout, dry.stdout[-2000:]
+
+
+def test_engines_mode_runs_the_engine_builds_benchmark_instead_of_the_study(tmp_path):
+    """SPECSTUDY_GPU_ENGINES: the background run is benchmarks/engine_builds.py over the named builds and arms with
+    the lease's config, its records under $LEASE/engines; no Snakemake study runs."""
+    env = _env(tmp_path, "gpu-h200-scale.yaml")
+    fake = tmp_path / "bin" / "python3"
+    fake.write_text(fake.read_text().replace(
+        "  *) exec", "  *engine_builds.py*) echo \"$*\" >> \"$SPECSTUDY_LEASE_DIR/engines-call\"; exit 0 ;;\n  *) exec"))
+    (tmp_path / "bin" / "snakemake").write_text("#!/bin/sh\necho snakemake >> \"$SPECSTUDY_LEASE_DIR/builds\"\n")
+    (tmp_path / "bin" / "snakemake").chmod(0o755)
+    env.update(SPECSTUDY_GPU_ENGINES="0.26.0=/sites/a 0.23.0=/sites/b", SPECSTUDY_GPU_ENGINE_ARMS="baseline,draft-k3-tp1")
+    deadline = int(__import__("time").time()) + 600
+    subprocess.run(["bash", str(LEASE), "_background", str(deadline)], env=env, check=True, timeout=60,
+                   capture_output=True, text=True)
+    lease = tmp_path / "lease"
+    call = (lease / "engines-call").read_text().split()
+    assert call[call.index("--config") + 1].endswith("config/gpu-h200-scale.yaml")
+    assert [call[i + 1] for i, a in enumerate(call) if a == "--build"] == ["0.26.0=/sites/a", "0.23.0=/sites/b"]
+    assert call[call.index("--arms") + 1] == "baseline,draft-k3-tp1"
+    assert call[call.index("--out") + 1] == str(lease / "engines")
+    assert int(call[call.index("--deadline") + 1]) == deadline - 30
+    assert (lease / "engines.rc").read_text().strip() == "0" and (lease / "done").exists()
+    assert not (lease / "builds").exists()  # no study
+
+
+def test_prebuild_takes_the_draft_training_override(tmp_path):
+    """SPECSTUDY_GPU_DRAFT_TRAINING (JSON) reaches build_fixture_models as draft_training; unset, the config's."""
+    env = _env(tmp_path, "gpu-h200.yaml")
+    fake = tmp_path / "bin" / "python3"
+    # the stand-in runs the prebuild's own Python with build_fixture_models replaced by a recorder
+    stub = tmp_path / "stub" / "specstudy" / "inputs"
+    stub.mkdir(parents=True)
+    (tmp_path / "stub" / "specstudy" / "__init__.py").write_text("")
+    (stub / "__init__.py").write_text("")
+    (stub / "fixture_models.py").write_text(
+        "import json, os\n"
+        "def build_fixture_models(out, **kw):\n"
+        "    open(os.path.join(os.environ['SPECSTUDY_LEASE_DIR'], 'fixture-kw'), 'w').write(json.dumps(kw))\n")
+    fake.write_text(fake.read_text().replace(
+        "  *build_fixture_models*) echo fixture >> \"$SPECSTUDY_LEASE_DIR/builds\"; exit 0 ;;\n",
+        f"  *build_fixture_models*) PYTHONPATH={tmp_path / 'stub'} exec {sys.executable} \"$@\" ;;\n"))
+    env["SPECSTUDY_GPU_DRAFT_TRAINING"] = '{"method": "target_generations"}'
+    subprocess.run(["bash", str(LEASE), "_prebuild", ""], env=env, check=True, timeout=120, capture_output=True, text=True)
+    import json
+
+    kw = json.loads((tmp_path / "lease" / "fixture-kw").read_text())
+    assert kw["draft_training"] == {"method": "target_generations"} and kw["seed"] == 0
+    del env["SPECSTUDY_GPU_DRAFT_TRAINING"]
+    subprocess.run(["bash", str(LEASE), "_prebuild", ""], env=env, check=True, timeout=120, capture_output=True, text=True)
+    assert json.loads((tmp_path / "lease" / "fixture-kw").read_text())["draft_training"] is None

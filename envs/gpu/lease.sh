@@ -54,6 +54,12 @@ PROFILE_S=${SPECSTUDY_GPU_PROFILE_S:-480}
 # benchmarks/acceptance_gap.py in bf16 on CUDA, offline and served, for it and for the study's own pair, on the
 # held-out prompts ($LEASE/pair). Only if SPECSTUDY_GPU_PAIR_S (default 420) still fits before the deadline.
 PAIR=${SPECSTUDY_GPU_PAIR:-0}
+# Instead of the study (first contact with a second engine build): SPECSTUDY_GPU_ENGINES="0.26.0=/tmp/specstudy-engines/
+# vllm-0.26.0 0.23.0=/tmp/specstudy-engines/vllm-0.23.0" runs benchmarks/engine_builds.py over those builds and
+# SPECSTUDY_GPU_ENGINE_ARMS with $CONFIG's engine settings ($LEASE/engines, packed). SPECSTUDY_GPU_DRAFT_TRAINING
+# (JSON, e.g. {"method": "target_generations"}) overrides the config's fixture_models.draft_training in prebuild.
+ENGINES=${SPECSTUDY_GPU_ENGINES:-}
+ENGINE_ARMS=${SPECSTUDY_GPU_ENGINE_ARMS:-baseline,draft-k3-tp1,draft-k3-tp1+async,ngram-k5}
 PAIR_S=${SPECSTUDY_GPU_PAIR_S:-420}
 mkdir -p "$LEASE"
 now() { date +%s; }
@@ -133,8 +139,24 @@ if_it_fits() {  # DEADLINE SECONDS NAME FUNCTION: run FUNCTION only if its estim
   if (( $(now) + $2 < $1 )); then "$4"; else say "$3 skipped: $(( $1 - $(now) )) s left, needs ~$2"; fi
 }
 
+engines_only() {  # instead of the study: benchmarks/engine_builds.py over the builds named in ENGINES
+  local deadline=$1 args=() b
+  for b in $ENGINES; do args+=(--build "$b"); done
+  say "engines: ${ENGINES} (arms ${ENGINE_ARMS}), deadline in $(( deadline - $(now) )) s"
+  local t0; t0=$(now)
+  python3 "$REPO/benchmarks/engine_builds.py" --config "$CONFIG" "${args[@]}" --arms "$ENGINE_ARMS" \
+    --out "$LEASE/engines" --deadline "$(( deadline - 30 ))" > "$LEASE/study.log" 2>&1
+  echo $? > "$LEASE/engines.rc"
+  say "engines: rc $(cat "$LEASE/engines.rc") after $(( $(now) - t0 )) s"
+}
+
 background() {  # the whole background run; writes $LEASE/<stage>.rc as each stage ends
   local deadline=$1
+  if [ -n "$ENGINES" ]; then
+    engines_only "$deadline"
+    touch "$LEASE/done"
+    return
+  fi
   if [ -n "$CAPACITY_ARMS" ]; then
     capacity_only
     touch "$LEASE/done"
@@ -249,10 +271,10 @@ pack() {
   cp .snakemake/log/*.log "$LEASE/logs/" 2>/dev/null
   # no weights (the models are rebuilt from their seeds), but their records, configs and tokenizers
   # nor the torch-profiler traces (tens of MB each; the profile records list them with size and sha256)
-  tar --exclude='*.safetensors' --exclude='results/.vllm-cache' --exclude='results/mechanics/models' \
+  tar --exclude='*.safetensors' --exclude='results/.vllm-cache*' --exclude='results/mechanics/models' \
       --exclude='*.pt.trace.json*' --exclude='*.profiler_out.txt' \
       -czf "$LEASE/results.tgz" results .snakemake/metadata .snakemake/incomplete "$LEASE"/*.log "$LEASE"/*.json "$LEASE"/*.rc "$LEASE"/*.txt "$LEASE/logs" \
-      "$LEASE/startup-cache" "$LEASE/profile-work/results" "$LEASE/pair" 2>/dev/null
+      "$LEASE/startup-cache" "$LEASE/profile-work/results" "$LEASE/pair" "$LEASE/engines" 2>/dev/null
   # split beside the archive, then swap the parts into $OUT: a device call killed at its limit (the
   # session's device time ran out) still brings back the last complete pack of a `wait`
   rm -rf "$LEASE/parts" && mkdir -p "$LEASE/parts"
@@ -288,7 +310,9 @@ case "${1:-}" in
     t0=$(now)
     python3 -c "import yaml; fm = yaml.safe_load(open('$CONFIG'))['fixture_models']; \
 from specstudy.inputs.fixture_models import build_fixture_models; \
-build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_preset=fm.get('draft_preset', 'default'))" \
+import json, os; dt = os.environ.get('SPECSTUDY_GPU_DRAFT_TRAINING'); \
+build_fixture_models('results/models/fixture', seed=fm.get('seed', 0), draft_preset=fm.get('draft_preset', 'default'), \
+draft_training=json.loads(dt) if dt else fm.get('draft_training'))" \
       > results/logs/models/fixture.log 2>&1
     echo $? > "$LEASE/prebuild.rc"
     say "prebuild: rc $(cat "$LEASE/prebuild.rc") after $(( $(now) - t0 )) s"
