@@ -16,6 +16,20 @@ from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real loc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))
+#: The repository's test data: one folder per data set, each with a MANIFEST.md (source, commit, bytes, sha256).
+TEST_DATA = ROOT / "tests" / "data"
+
+
+def data_path(*parts: str) -> Path:
+    """A file or folder of the repository's test data, e.g. ``data_path("upstream-70b", "results", "70b")``.
+
+    The data are part of the repository, so a missing one is an error, never a skip: a module that asks for
+    it at import fails its collection, naming the path and the manifest that lists it."""
+    path = TEST_DATA.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: test data missing from this checkout; {TEST_DATA / parts[0] / 'MANIFEST.md'} "
+                                f"lists it (restore it with `git checkout -- {path.relative_to(ROOT)}`)")
+    return path
 
 
 def _source_key() -> str:

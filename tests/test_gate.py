@@ -6,19 +6,16 @@ import copy
 import hashlib
 import json
 import types
-from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import gate
 from specstudy.core import schemas
 from specstudy.measure import greedy_capture
 
-# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
-UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
-            / "correctness" / "smoke-20260913-debug")
-needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason=f"upstream 70B data not available at {UPSTREAM} "
-                                    "(the shared data belong at ../shared/upstream-70b)")
+# The upstream 70B captures and gates are part of the repository's test data (tests/data/upstream-70b).
+UPSTREAM = data_path("upstream-70b", "results", "70b", "correctness", "smoke-20260913-debug")
 MARGINS = {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
            "max_completion_token_difference": 2}
 # upstream gate field name -> ours
@@ -397,7 +394,6 @@ def _up(name):
     return json.loads((UPSTREAM / name).read_text())
 
 
-@needs_upstream
 def test_upstream_adapter():
     c = gate.load_capture(UPSTREAM / "draft-n3-tp4.json")
     assert c["arm"] == "draft-k3-tp4" and c["capture_index"] == 1
@@ -409,7 +405,6 @@ def test_upstream_adapter():
     assert gate.load_capture(UPSTREAM / "baseline.json")["arm"] == "baseline"
 
 
-@needs_upstream
 @pytest.mark.parametrize("comparison,a,b", [
     ("comparison.json", "baseline.json", "draft-n3-tp4.json"),
     ("comparison-draft-repeat1-vs-repeat2.json", "draft-n3-tp4.json", "draft-n3-tp4-repeat2.json"),
@@ -422,7 +417,6 @@ def test_upstream_exact_match_comparisons(comparison, a, b):
         c["prompt_id"]: c["exact_match"] for c in up["cases"]}
 
 
-@needs_upstream
 @pytest.mark.parametrize("gate_file,candidate", [
     ("gate-baseline-vs-draft-repeat1.json", "draft-n3-tp4.json"),
     ("gate-baseline-vs-draft-repeat2.json", "draft-n3-tp4-repeat2.json"),
@@ -451,7 +445,6 @@ def test_upstream_gate_worst_cases_and_verdict(gate_file, candidate):
                 assert ours["observed"] == pytest.approx(check["treatment"], abs=1e-12)
 
 
-@needs_upstream
 def test_upstream_readme_means():
     """README table: mean normalized edit distance 0.081 / 0.104 / 0.147 for the three reproducible pairs."""
     pairs = [("baseline.json", "draft-n3-tp4.json", 0.081), ("baseline.json", "draft-n3-tp4-repeat2.json", 0.104),
@@ -461,7 +454,6 @@ def test_upstream_readme_means():
         assert round(c["distribution"]["normalized_edit_distance"]["mean"], 3) == mean
 
 
-@needs_upstream
 @pytest.mark.parametrize("name", ["comparison-ngram-repeat2.json", "comparison-ngram-repeat1-vs-repeat2.json"])
 def test_upstream_aggregation_of_their_per_prompt_values(name):
     """The n-gram captures were not copied; check our aggregation on their per-prompt divergence values."""

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.core import atomic
 from specstudy.measure import telemetry, telemetry_worker
 
-H200_PAGE = Path(__file__).resolve().parents[1].parent / "shared" / "gpu" / "metrics-vllm-0.23.0-h200.prom"
+H200_PAGE = data_path("gpu", "metrics-vllm-0.23.0-h200.prom")
 
 
 class _Page(http.server.BaseHTTPRequestHandler):
