@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,27 @@ def data_path(*parts: str) -> Path:
         raise FileNotFoundError(f"{path}: test data missing from this checkout; {TEST_DATA / parts[0] / 'MANIFEST.md'} "
                                 f"lists it (restore it with `git checkout -- {path.relative_to(ROOT)}`)")
     return path
+
+
+def wait_until(condition, *, what: str, timeout_s: float = 30.0, poll_s: float = 0.02):
+    """Poll ``condition()`` until it returns a true value (returned), failing the test after ``timeout_s``.
+
+    Tests wait for the state they need, never for a fixed time: a loaded machine then only takes longer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
+    """Until a running telemetry sampler's partial file (``.<name>.partial`` beside ``path``) holds ``n`` rows."""
+    partial = Path(path).with_name(f".{Path(path).name}.partial")
+    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= n,
+               what=f"{n} rows in {partial}", timeout_s=timeout_s)
 
 
 def _source_key() -> str:

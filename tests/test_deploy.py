@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import wait_for_rows
 from specstudy import deployment
 from specstudy.core import atomic, schemas
 from specstudy.deployment import command, launchlog, provenance, readiness, records, redaction
@@ -513,7 +514,7 @@ def test_job_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python, monke
 
     def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, sampler, **k):
         sampler.start()
-        time.sleep(0.6)
+        wait_for_rows(cdir / "telemetry.jsonl", 1)  # sampled during the cell, not only at its stop
         sampler.stop()
         telemetry_seen.append(sampler.summary())
         summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}

@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for_rows
 from specstudy.core import atomic
 from specstudy.measure import telemetry
 
@@ -78,7 +78,7 @@ def test_sampler_writes_jsonl_with_vllm_and_process_group_series(tmp_path, metri
         with telemetry.TelemetrySampler(out, metrics_url=metrics_server, pgid=burner.pid, interval_s=0.2,
                                         gpu=False) as sampler:
             assert not out.exists()  # renamed into place only at stop
-            time.sleep(1.3)
+            wait_for_rows(out, 4)
         rows = atomic.read_jsonl(out)
     finally:
         burner.kill()
@@ -98,7 +98,7 @@ def test_unreachable_metrics_are_counted_not_fatal(tmp_path):
     out = tmp_path / "t.jsonl"
     with telemetry.TelemetrySampler(out, metrics_url="http://127.0.0.1:9/metrics", interval_s=0.1, gpu=False,
                                     http_timeout_s=0.2) as sampler:
-        time.sleep(0.35)
+        wait_for_rows(out, 2)
     s = sampler.summary()
     assert s["samples"] >= 2 and sum(s["errors"].values()) >= 2
     assert out.exists()

@@ -8,12 +8,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
-from conftest import data_path
+from conftest import data_path, wait_for_rows
 from specstudy.core import atomic
 from specstudy.measure import telemetry, telemetry_worker
 
@@ -45,17 +43,6 @@ def h200_metrics():
     srv.shutdown()
 
 
-def _wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
-    """Until the sampler's partial file holds n rows (a condition, not a sleep)."""
-    partial = path.with_name(f".{path.name}.partial")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if partial.exists() and partial.read_text().count("\n") >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{partial}: fewer than {n} rows after {timeout_s} s")
-
-
 @pytest.fixture
 def burner():
     p = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<60: pass"],
@@ -71,14 +58,14 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
         assert worker.pid != os.getpid() and worker.alive()
         sampler = telemetry.TelemetrySampler(out, metrics_url=h200_metrics, pgid=burner.pid, interval_s=0.05,
                                              gpu=False, worker=worker).start()
-        _wait_for_rows(out, 3)
+        wait_for_rows(out, 3)
         assert not out.exists()  # renamed into place only at stop, as in the thread
         s = sampler.stop()
         rows = atomic.read_jsonl(out)
         # one process serves the next cell's sampler too
         second = telemetry.TelemetrySampler(tmp_path / "c2" / "telemetry.jsonl", metrics_url=h200_metrics,
                                             pgid=burner.pid, interval_s=0.05, gpu=False, worker=worker).start()
-        _wait_for_rows(tmp_path / "c2" / "telemetry.jsonl", 2)
+        wait_for_rows(tmp_path / "c2" / "telemetry.jsonl", 2)
         assert second.stop()["samples"] >= 3
     assert not worker.alive()
     assert s["process"] == "worker" and s["samples"] == len(rows) >= 4  # stop() adds the window's last sample
@@ -96,7 +83,7 @@ def test_a_worker_that_dies_leaves_the_cell_without_telemetry_and_says_why(tmp_p
     try:
         sampler = telemetry.TelemetrySampler(out, metrics_url=h200_metrics, interval_s=0.05, gpu=False,
                                              worker=worker).start()
-        _wait_for_rows(out, 1)
+        wait_for_rows(out, 1)
         os.kill(worker.pid, signal.SIGKILL)
         s = sampler.stop()  # no exception: telemetry never kills a cell
     finally:
