@@ -47,6 +47,26 @@ def wait_until(condition, *, what: str, timeout_s: float = 30.0, poll_s: float =
         time.sleep(poll_s)
 
 
+class CpuShare:
+    """The share of one CPU (percent) a process got from now on, measured from outside with psutil.
+
+    A busy loop gets 100 % of a core only on an idle machine; a test judging a sampler's CPU figure compares it
+    with what the process really got (:meth:`pct`, read before the process ends), not with a fixed number."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.t0, self.cpu0 = time.monotonic(), self._cpu()
+
+    def _cpu(self) -> float:
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+    def pct(self) -> float:
+        return 100.0 * (self._cpu() - self.cpu0) / (time.monotonic() - self.t0)
+
+
 def wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
     """Until a running telemetry sampler's partial file (``.<name>.partial`` beside ``path``) holds ``n`` rows."""
     partial = Path(path).with_name(f".{Path(path).name}.partial")

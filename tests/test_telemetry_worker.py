@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from conftest import data_path, wait_for_rows
+from conftest import CpuShare, data_path, wait_for_rows
 from specstudy.core import atomic
 from specstudy.measure import telemetry, telemetry_worker
 
@@ -56,11 +56,13 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
     out = tmp_path / "cell" / "telemetry.jsonl"
     with telemetry_worker.SamplerProcess() as worker:
         assert worker.pid != os.getpid() and worker.alive()
+        got = CpuShare(burner.pid)
         sampler = telemetry.TelemetrySampler(out, metrics_url=h200_metrics, pgid=burner.pid, interval_s=0.05,
                                              gpu=False, worker=worker).start()
         wait_for_rows(out, 3)
         assert not out.exists()  # renamed into place only at stop, as in the thread
         s = sampler.stop()
+        share = got.pct()
         rows = atomic.read_jsonl(out)
         # one process serves the next cell's sampler too
         second = telemetry.TelemetrySampler(tmp_path / "c2" / "telemetry.jsonl", metrics_url=h200_metrics,
@@ -74,7 +76,8 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
     expected = telemetry.parse_vllm_gauges(H200_PAGE.read_text())
     assert {k: rows[0][k] for k in expected} == expected
     assert all(r["proc.count"] == 1 for r in rows)
-    assert s["series"]["proc.cpu_pct"]["max"] > 30  # the burner's busy loop, seen from the child
+    # the burner's busy loop, seen from the child: as much CPU as it got, however loaded the machine is
+    assert share > 1 and s["series"]["proc.cpu_pct"]["mean"] >= 0.4 * share, (share, s["series"]["proc.cpu_pct"])
 
 
 def test_a_worker_that_dies_leaves_the_cell_without_telemetry_and_says_why(tmp_path, h200_metrics):
