@@ -122,7 +122,18 @@ async def _inspect(browser_ws: str, url: str, screenshot: Path, timeout_s: float
                        deviceScaleFactor=1, mobile=False)
             shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
             screenshot.write_bytes(base64.b64decode(shot["data"]))
-            await asyncio.sleep(0.2)  # late log entries
+            # No fixed wait for late events: a round trip is a barrier (the browser sends a session's messages
+            # in order, so every event emitted before its answer has been read into ``events``), repeated until
+            # each broken image's load failure has been logged too (those entries may come after the page
+            # settled), for at most ``timeout_s``.
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while True:
+                await call("Runtime.evaluate", expression="0")
+                failures = [ev for ev in events if ev.get("method") == "Log.entryAdded"
+                            and (ev.get("params") or {}).get("entry", {}).get("source") == "network"]
+                if len(failures) >= len(page["broken_images"]) or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             task.cancel()
     errors = []
     for ev in events:

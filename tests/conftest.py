@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,61 @@ from slurm.conftest_slurm import local_slurm, slurm_env  # noqa: F401  (real loc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 CACHE = Path(os.environ.get("SPECSTUDY_TEST_CACHE", ROOT / "tests" / ".cache"))
+#: The repository's test data: one folder per data set, each with a MANIFEST.md (source, commit, bytes, sha256).
+TEST_DATA = ROOT / "tests" / "data"
+
+
+def data_path(*parts: str) -> Path:
+    """A file or folder of the repository's test data, e.g. ``data_path("upstream-70b", "results", "70b")``.
+
+    The data are part of the repository, so a missing one is an error, never a skip: a module that asks for
+    it at import fails its collection, naming the path and the manifest that lists it."""
+    path = TEST_DATA.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: test data missing from this checkout; {TEST_DATA / parts[0] / 'MANIFEST.md'} "
+                                f"lists it (restore it with `git checkout -- {path.relative_to(ROOT)}`)")
+    return path
+
+
+def wait_until(condition, *, what: str, timeout_s: float = 30.0, poll_s: float = 0.02):
+    """Poll ``condition()`` until it returns a true value (returned), failing the test after ``timeout_s``.
+
+    Tests wait for the state they need, never for a fixed time: a loaded machine then only takes longer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+class CpuShare:
+    """The share of one CPU (percent) a process got from now on, measured from outside with psutil.
+
+    A busy loop gets 100 % of a core only on an idle machine; a test judging a sampler's CPU figure compares it
+    with what the process really got (:meth:`pct`, read before the process ends), not with a fixed number."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.t0, self.cpu0 = time.monotonic(), self._cpu()
+
+    def _cpu(self) -> float:
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+    def pct(self) -> float:
+        return 100.0 * (self._cpu() - self.cpu0) / (time.monotonic() - self.t0)
+
+
+def wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
+    """Until a running telemetry sampler's partial file (``.<name>.partial`` beside ``path``) holds ``n`` rows."""
+    partial = Path(path).with_name(f".{Path(path).name}.partial")
+    wait_until(lambda: partial.exists() and partial.read_text().count("\n") >= n,
+               what=f"{n} rows in {partial}", timeout_s=timeout_s)
 
 
 def _source_key() -> str:

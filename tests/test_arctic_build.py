@@ -131,7 +131,7 @@ def test_a_failing_compile_is_named_and_leaves_nothing_that_looks_finished(tmp_p
 def test_a_second_process_waits_for_the_first_and_reuses_its_build(tmp_path, monkeypatch):
     dest = tmp_path / "arctic"
     holder = textwrap.dedent(f"""
-        import fcntl, sys, time
+        import fcntl, sys
         sys.path.insert(0, {str(ROOT / 'scripts')!r})
         from pathlib import Path
         from specstudy.core import atomic
@@ -139,13 +139,13 @@ def test_a_second_process_waits_for_the_first_and_reuses_its_build(tmp_path, mon
         with open(dest.parent / (dest.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             print("locked", flush=True)
-            time.sleep(2)
+            sys.stdin.readline()  # until the test has seen the other process wait for this lock (or gave up)
             tmp = dest.parent / ".arctic.tmp-x"
             (tmp / "site").mkdir(parents=True)
             atomic.write_json(tmp / "done.json", {{"key": {arctic_build.build_key()!r}}})
             tmp.rename(dest)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
 
@@ -154,9 +154,17 @@ def test_a_second_process_waits_for_the_first_and_reuses_its_build(tmp_path, mon
 
         monkeypatch.setattr(arctic_build, "_build_locked", must_not_build)
         lines = []
-        assert arctic_build.ensure_arctic(dest, log=lines.append) == dest / "site"
+
+        def log(line):  # said just before this process blocks on the lock: the holder may finish now
+            lines.append(line)
+            if "another process is building" in line:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+
+        assert arctic_build.ensure_arctic(dest, log=log) == dest / "site"
         assert any("another process is building" in ln for ln in lines)
     finally:
+        proc.stdin.close()
         assert proc.wait(timeout=60) == 0
 
 

@@ -16,7 +16,6 @@ import re
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from scipy.stats import binom
@@ -27,14 +26,14 @@ from specstudy.measure.capacity.step import judge_lateness, step_row
 
 sys.path.insert(0, os.path.dirname(__file__))
 import capacity_fake_server as fake  # noqa: E402
+from conftest import data_path  # noqa: E402
 
-# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
-REAL_PAGE = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu" / "metrics-vllm-0.23.0-h200.prom"
+# A real vLLM 0.23 /metrics page, part of the repository's test data (tests/data/gpu, see its MANIFEST.md).
+REAL_PAGE = data_path("gpu", "metrics-vllm-0.23.0-h200.prom")
 
 
 @pytest.fixture(scope="module")
 def real_page() -> str:
-    assert REAL_PAGE.is_file(), f"{REAL_PAGE} is missing: the shared data (../shared/gpu) must sit beside the repository"
     return REAL_PAGE.read_text()
 
 

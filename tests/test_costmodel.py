@@ -1,14 +1,14 @@
 """The explanatory cost model (issue 27 item 4): constructed data with known answers, then the recorded
-scale-model cells of the lent H200 (../shared/gpu/cuda-logs/scale-model-8b) and its mechanics point."""
+scale-model cells of the lent H200 (tests/data/gpu/cuda-logs/scale-model-8b) and its mechanics point."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import tables
 from specstudy.deployment import launchlog
 from specstudy.report import costmodel
@@ -16,9 +16,8 @@ from specstudy.report import document as report
 from specstudy.report.blocks import render_markdown
 from specstudy.report.files import from_root
 
-GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
-SCALE = GPU / "cuda-logs" / "scale-model-8b"
-MECH = GPU / "mechanics-2026-12-02"
+SCALE = data_path("gpu", "cuda-logs", "scale-model-8b")
+MECH = data_path("gpu", "mechanics-2026-12-02")
 
 
 def test_break_even_alpha_inverts_the_expected_length():
@@ -121,8 +120,6 @@ def test_report_section_on_constructed_tables(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ recorded cells
-needs_shared = pytest.mark.skipif(not (SCALE / "cells_baseline.json").exists(),
-                                  reason=f"recorded scale-model cells not available at {SCALE} (../shared/gpu)")
 ARMS = {"baseline": "baseline", "draft-k1": "draft-k1-tp1", "draft-k3": "draft-k3-tp1", "ngram-k3": "ngram-k3"}
 
 
@@ -156,7 +153,6 @@ def mechanics_rows() -> dict:
     return {"rows": rows}
 
 
-@needs_shared
 def test_recorded_scale_model_cells():
     cells, deps, raw = recorded()
     m = costmodel.cost_model(cells, deps)
@@ -189,7 +185,6 @@ def test_recorded_scale_model_cells():
     assert ng[0]["predicted_speedup"] > ng[0]["measured_speedup"]
 
 
-@needs_shared
 def test_recorded_cells_with_the_mechanics_point():
     cells, deps, raw = recorded()
     mech = mechanics_rows()

@@ -122,6 +122,39 @@ def test_gate_fail_excludes_candidate_from_more_rounds():
     assert res["undecided"] == [] and decision.next_round(res, 3, RULE)["continue"] is False
 
 
+
+# Two arms that both qualify (every cell a shown gain), one by more than the other. The arms are sorted by
+# name inside decide(), so each test runs with the better arm first and last.
+SMALL_GAIN = [1.15, 1.16, 1.17]
+CELLS = [("code", 1), ("code", 8), ("chat", 1), ("chat", 8)]
+
+
+@pytest.mark.parametrize("better", ["draft-k3-tp1", "ngram-k4"])
+def test_of_two_eligible_arms_the_better_is_enabled(better):
+    worse = ({"draft-k3-tp1", "ngram-k4"} - {better}).pop()
+    comps = study(dict.fromkeys(CELLS, GAIN), arm=better) + study(dict.fromkeys(CELLS, SMALL_GAIN), arm=worse)
+    res = run(comps, gates={a: {"arm": a, "verdict": "pass"} for a in (better, worse)})
+    cands = {c["arm"]: c for c in res["candidates"]}
+    assert cands[better]["enable"] and cands[worse]["enable"]  # both qualify on their own
+    assert cands[better]["score"] > cands[worse]["score"] > 1.05
+    assert res["decision"] == "enable" and res["enable"] == better
+
+
+@pytest.mark.parametrize("better_on_code", ["draft-k3-tp1", "ngram-k4"])
+def test_routed_by_workload_each_workload_gets_its_better_eligible_arm(better_on_code):
+    """With routing by workload each workload is decided on its own: both arms qualify on both workloads, one is
+    better on code, the other on chat."""
+    other = ({"draft-k3-tp1", "ngram-k4"} - {better_on_code}).pop()
+    speedups = {better_on_code: {"code": GAIN, "chat": SMALL_GAIN}, other: {"code": SMALL_GAIN, "chat": GAIN}}
+    comps = [comp(arm, w, c, speedups[arm][w]) for arm in speedups for w, c in CELLS]
+    res = decision.decide(comps, {a: {"arm": a, "verdict": "pass"} for a in speedups}, RULE, ["chat", "code"], [1, 8],
+                          {"chat": 0.5, "code": 0.5}, route_by_workload=True)
+    for cand in res["candidates"]:
+        assert all(v["enable"] for v in cand["workloads"].values()), cand["arm"]
+    assert res["decision"] == "enable_per_workload"
+    assert res["per_workload"] == {"code": better_on_code, "chat": other}
+
+
 def test_extra_repeats_estimate():
     # mean 0.1 above the bound, sd 0.1: t(n-1) * 0.1 / sqrt(n) < 0.1 first holds at n = 7 (t6 = 2.447 / 2.646 < 1)
     assert decision.extra_repeats_to_settle(0.1, 0.1, 3, 0.0, 0.95) == 4

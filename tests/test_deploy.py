@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import wait_for_rows
 from specstudy import deployment
 from specstudy.core import atomic, schemas
 from specstudy.deployment import command, launchlog, provenance, readiness, records, redaction
@@ -513,7 +514,7 @@ def test_job_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python, monke
 
     def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, sampler, **k):
         sampler.start()
-        time.sleep(0.6)
+        wait_for_rows(cdir / "telemetry.jsonl", 1)  # sampled during the cell, not only at its stop
         sampler.stop()
         telemetry_seen.append(sampler.summary())
         summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}
@@ -545,6 +546,55 @@ def test_job_ok_writes_attempt_artifacts_and_record(tmp_path, fake_python, monke
         assert (attempt / name).exists(), name
     assert "very-secret-key-1" not in json.dumps(rec) + (attempt / "launch.log").read_text()
     assert not (tmp_path / "results" / "deployment-failures").exists()
+
+
+def test_rerun_reuses_only_a_valid_cell_with_the_same_fingerprint(tmp_path, fake_python, monkeypatch):
+    """A re-run of a deployment whose earlier attempt left three cells: one valid with this spec's fingerprint
+    (reused, no measurement), one rejected (invalid) and one valid but measured under other settings (another
+    fingerprint). The last two are measured again on this deployment and published from it; the rejected
+    result and the one of other settings are never republished."""
+    from specstudy.job.spec import fingerprint, fingerprint_context
+    from specstudy.measure import cell as cellmod
+
+    monkeypatch.chdir(tmp_path)
+    fake_captures(monkeypatch)
+    spec = job_spec(tmp_path, BASELINE, fake_engine_section(tmp_path, fake_python),
+                    cells=[{"workload": "code", "concurrency": c} for c in (1, 2, 4)])
+    spec["cell_settings"]["reuse_valid"] = True
+    model = tmp_path / "model"  # the model's identity is in the fingerprint: a folder nothing else writes to
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec["engine"]["target"]["path"] = str(model)
+    out = tmp_path / "results" / "screen" / "baseline" / "rep1"
+    digest = atomic.read_json(Path(spec["cells"][0]["corpus_dir"]) / "corpus.json")["digest"]
+    ctx = fingerprint_context(spec)
+    fps = {int(c["concurrency"]): fingerprint(spec, c, digest, ctx) for c in spec["cells"]}
+    assert len(set(fps.values())) == 3
+    earlier = {1: (fps[1], True), 2: (fps[2], False), 4: ("0" * 64, True)}  # valid+same, rejected, other settings
+    for conc, (fp, valid) in earlier.items():
+        atomic.write_json(out / "attempts" / "screen-baseline-rep1-earlier" / "code" / f"c{conc}" / "summary.json",
+                          {"keys": {"deployment_id": "screen-baseline-rep1-earlier"}, "fingerprint": fp,
+                           "validity": {"valid": valid, "reasons": [] if valid else [{"code": "too_few_requests"}]}})
+    measured = []
+
+    def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, corpus, fingerprint, **k):
+        measured.append(conc)
+        summary = {"keys": keys, "corpus": corpus, "fingerprint": fingerprint, "validity": {"valid": True, "reasons": []}}
+        atomic.write_json(cdir / "summary.json", summary)
+        return summary
+
+    monkeypatch.setattr(cellmod, "run_cell", run_cell)
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert measured == [2, 4]
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "ok"
+    assert {c["concurrency"]: (c["status"], c["deployment_id"]) for c in rec["cells"]} == {
+        1: ("reused", "screen-baseline-rep1-earlier"), 2: ("valid", rec["deployment_id"]),
+        4: ("valid", rec["deployment_id"])}
+    for conc in (1, 2, 4):
+        s = atomic.read_json(out / "code" / f"c{conc}" / "summary.json")
+        assert s["fingerprint"] == fps[conc] and s["validity"]["valid"] is True, conc
+        assert s["keys"]["deployment_id"] == ("screen-baseline-rep1-earlier" if conc == 1 else rec["deployment_id"])
 
 
 def test_job_startup_failure_is_data(tmp_path, fake_python, monkeypatch):

@@ -6,19 +6,16 @@ import copy
 import hashlib
 import json
 import types
-from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import gate
 from specstudy.core import schemas
 from specstudy.measure import greedy_capture
 
-# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
-UPSTREAM = (Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b"
-            / "correctness" / "smoke-20260913-debug")
-needs_upstream = pytest.mark.skipif(not UPSTREAM.is_dir(), reason=f"upstream 70B data not available at {UPSTREAM} "
-                                    "(the shared data belong at ../shared/upstream-70b)")
+# The upstream 70B captures and gates are part of the repository's test data (tests/data/upstream-70b).
+UPSTREAM = data_path("upstream-70b", "results", "70b", "correctness", "smoke-20260913-debug")
 MARGINS = {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
            "max_completion_token_difference": 2}
 # upstream gate field name -> ours
@@ -291,6 +288,111 @@ def test_gate_compares_like_with_like_and_states_the_control_size(tmp_path):
     assert json.loads(out.read_text())["control"]["n_pairs"] == 3
 
 
+
+# --------------------------------------------------------------------------- more than one repeat
+SAME = {"p1": "one two three four", "p2": "alpha beta gamma"}
+DIVERGED = {"p1": "one nine ten eleven twelve thirteen fourteen fifteen", "p2": "alpha beta gamma"}
+
+
+@pytest.mark.parametrize("diverging", [1, 2, 3])
+def test_one_diverging_candidate_repeat_of_three_fails_the_gate(tmp_path, diverging):
+    """The treatment's worst case is over every repeat: three baseline repeats that agree exactly (a control of
+    zero divergence), three candidate repeats of which one diverges. Whichever repeat it is, the gate fails on
+    all three checks with that repeat's values."""
+    bases = [_dep_record(tmp_path, cap(SAME, dep=f"b{r}"), r) for r in (1, 2, 3)]
+    cands = [_dep_record(tmp_path, cap(DIVERGED if r == diverging else SAME, dep=f"s{r}", arm="draft-k3-tp1"), r)
+             for r in (1, 2, 3)]
+    g = gate.judge(bases, cands, margins=MARGINS, phase="confirm", control=bases)
+    assert g["treatment"]["pairing"] == "by_rep" and g["treatment"]["n_pairs"] == 3 and g["control"]["n_pairs"] == 3
+    cw = g["control"]["worst_case"]
+    assert (cw["min_common_prefix_fraction"], cw["max_normalized_edit_distance"],
+            cw["max_completion_token_difference"]) == (1.0, 0.0, 0)
+    diverged = gate.compare_captures(cap(SAME, dep="b"), cap(DIVERGED, dep="s"))["worst_case"]
+    tw = g["treatment"]["worst_case"]
+    for key in gate.MARGIN_KEYS:
+        assert tw[key] == diverged[key], key
+    assert tw["exact_matches"] == 5 and tw["comparable"] == 6  # summed over the three pairs
+    assert g["verdict"] == "fail" and g["blocks_recommendation"]
+    assert {c["name"] for c in g["checks"] if not c["passed"]} == set(gate.MARGIN_KEYS)
+
+
+def test_one_diverging_baseline_repeat_of_three_widens_the_control(tmp_path):
+    """The control's worst case is over every pair of baseline repeats: repeats 1 and 2 agree exactly, repeat 3
+    diverges from both. A candidate whose repeats diverge from their baselines by as much as baseline repeat 3
+    does is within the control's envelope and passes; judged against the agreeing pair alone it would fail."""
+    bases = [_dep_record(tmp_path, cap(DIVERGED if r == 3 else SAME, dep=f"b{r}"), r) for r in (1, 2, 3)]
+    cands = [_dep_record(tmp_path, cap(SAME if r == 3 else DIVERGED, dep=f"s{r}", arm="draft-k3-tp1"), r)
+             for r in (1, 2, 3)]
+    g = gate.judge(bases, cands, margins=MARGINS, phase="confirm", control=bases)
+    assert g["control"]["n_pairs"] == 3 and g["treatment"]["n_pairs"] == 3
+    diverged = gate.compare_captures(cap(SAME, dep="b"), cap(DIVERGED, dep="s"))["worst_case"]
+    for key in gate.MARGIN_KEYS:
+        assert g["control"]["worst_case"][key] == g["treatment"]["worst_case"][key] == diverged[key], key
+    assert g["control"]["worst_case"]["exact_matches"] == 2 + 1 + 1  # b1-b2 both prompts, b1-b3 and b2-b3 p2 only
+    assert g["verdict"] == "pass", g["reasons"]
+    agreeing = gate.judge(bases[:2], cands[:2], margins=MARGINS, phase="confirm", control=bases[:2])
+    assert agreeing["verdict"] == "fail"
+
+
+def test_pooled_worst_case_takes_each_extreme_from_whichever_comparison_holds_it():
+    def comp(prefix, ned, tokens, exact, n=2):
+        return {"worst_case": {"exact_matches": exact, "comparable": n, "min_common_prefix_chars": prefix * 10,
+                               "min_common_prefix_fraction": prefix, "max_normalized_edit_distance": ned,
+                               "max_completion_token_difference": tokens}}
+
+    comps = [comp(0.9, 0.1, 1, 2), comp(0.8, 0.05, 4, 1), comp(0.95, 0.3, None, 0)]
+    assert gate.pooled_worst_case(comps) == {"exact_matches": 3, "comparable": 6, "min_common_prefix_chars": 8.0,
+                                             "min_common_prefix_fraction": 0.8, "max_normalized_edit_distance": 0.3,
+                                             "max_completion_token_difference": 4}
+    assert gate.pooled_worst_case([]) is None
+
+
+# --------------------------------------------------------------------------- the margin arithmetic
+# A control pair (b1 vs b2) whose worst case is set by p1: prefix 5 of 10 characters (0.5), 5 of 10 characters
+# edited (0.5), 13 vs 10 completion tokens (3). With these margins the allowances are 0.5 - 0.2 = 0.3,
+# 0.5 + 0.05 = 0.55 and 3 + 2 = 5; a candidate at exactly each allowance passes, one step beyond it fails.
+ARITH_MARGINS = {"min_common_prefix_fraction": 0.2, "max_normalized_edit_distance": 0.05,
+                 "max_completion_token_difference": 2}
+ARITH_BASE = {"p1": "aaaaaaaaaa", "p2": "aaaaaaaaa", "p3": "x y z"}
+ARITH_TOKENS = {"p1": 10, "p2": 9, "p3": 3}
+AT_ALLOWANCE = {"p1": "aaabaaaaaa", "p2": "aaaaaaaaa" + "b" * 11, "p3": "x y z"}  # prefix 3/10, 11 of 20 edited
+BEYOND = {"min_common_prefix_fraction": ({"p1": "aabaaaaaaa"}, {}),              # prefix 2/10
+          "max_normalized_edit_distance": ({"p2": "aaaaaaaaa" + "b" * 12}, {}),  # 12 of 21 edited
+          "max_completion_token_difference": ({}, {"p3": 3 + 6})}                 # 6 tokens more
+
+
+def _arith_judge(texts: dict, tokens: dict) -> dict:
+    b1 = cap(ARITH_BASE, dep="b1", tokens=ARITH_TOKENS)
+    b2 = cap({**ARITH_BASE, "p1": "aaaaabbbbb"}, dep="b2", tokens={**ARITH_TOKENS, "p1": 13})
+    cand = cap(texts, dep="s1", arm="draft-k3-tp1", tokens=tokens)
+    return gate.judge([b1], [cand], [b1], [b2], ARITH_MARGINS)
+
+
+def test_allowances_are_the_control_worst_case_plus_the_margins():
+    g = _arith_judge(AT_ALLOWANCE, {**ARITH_TOKENS, "p3": 3 + 5})
+    cw = g["control"]["worst_case"]
+    assert (cw["min_common_prefix_fraction"], cw["max_normalized_edit_distance"],
+            cw["max_completion_token_difference"]) == (0.5, 0.5, 3)
+    assert g["allowances"] == {"min_common_prefix_fraction": pytest.approx(0.3, abs=1e-12),
+                               "max_normalized_edit_distance": pytest.approx(0.55, abs=1e-12),
+                               "max_completion_token_difference": 5}
+    observed = {c["name"]: (c["observed"], c["control"], c["margin"], c["passed"]) for c in g["checks"]}
+    assert observed == {"all_prompts_succeeded": (True, None, None, True),
+                        "min_common_prefix_fraction": (pytest.approx(0.3, abs=1e-12), 0.5, 0.2, True),
+                        "max_normalized_edit_distance": (pytest.approx(0.55, abs=1e-12), 0.5, 0.05, True),
+                        "max_completion_token_difference": (5, 3, 2, True)}
+    assert g["verdict"] == "pass", g["reasons"]
+
+
+@pytest.mark.parametrize("check", sorted(BEYOND))
+def test_one_step_beyond_an_allowance_fails_that_check_alone(check):
+    texts, tokens = BEYOND[check]
+    g = _arith_judge({**AT_ALLOWANCE, **texts}, {**ARITH_TOKENS, "p3": 3 + 5, **tokens})
+    assert g["verdict"] == "fail"
+    assert [c["name"] for c in g["checks"] if not c["passed"]] == [check]
+    assert [r["code"] for r in g["reasons"]] == ["exceeds_control"] and check in g["reasons"][0]["detail"]
+
+
 # --------------------------------------------------------------------------- token level
 
 
@@ -397,7 +499,6 @@ def _up(name):
     return json.loads((UPSTREAM / name).read_text())
 
 
-@needs_upstream
 def test_upstream_adapter():
     c = gate.load_capture(UPSTREAM / "draft-n3-tp4.json")
     assert c["arm"] == "draft-k3-tp4" and c["capture_index"] == 1
@@ -409,7 +510,6 @@ def test_upstream_adapter():
     assert gate.load_capture(UPSTREAM / "baseline.json")["arm"] == "baseline"
 
 
-@needs_upstream
 @pytest.mark.parametrize("comparison,a,b", [
     ("comparison.json", "baseline.json", "draft-n3-tp4.json"),
     ("comparison-draft-repeat1-vs-repeat2.json", "draft-n3-tp4.json", "draft-n3-tp4-repeat2.json"),
@@ -422,7 +522,6 @@ def test_upstream_exact_match_comparisons(comparison, a, b):
         c["prompt_id"]: c["exact_match"] for c in up["cases"]}
 
 
-@needs_upstream
 @pytest.mark.parametrize("gate_file,candidate", [
     ("gate-baseline-vs-draft-repeat1.json", "draft-n3-tp4.json"),
     ("gate-baseline-vs-draft-repeat2.json", "draft-n3-tp4-repeat2.json"),
@@ -451,7 +550,6 @@ def test_upstream_gate_worst_cases_and_verdict(gate_file, candidate):
                 assert ours["observed"] == pytest.approx(check["treatment"], abs=1e-12)
 
 
-@needs_upstream
 def test_upstream_readme_means():
     """README table: mean normalized edit distance 0.081 / 0.104 / 0.147 for the three reproducible pairs."""
     pairs = [("baseline.json", "draft-n3-tp4.json", 0.081), ("baseline.json", "draft-n3-tp4-repeat2.json", 0.104),
@@ -461,7 +559,6 @@ def test_upstream_readme_means():
         assert round(c["distribution"]["normalized_edit_distance"]["mean"], 3) == mean
 
 
-@needs_upstream
 @pytest.mark.parametrize("name", ["comparison-ngram-repeat2.json", "comparison-ngram-repeat1-vs-repeat2.json"])
 def test_upstream_aggregation_of_their_per_prompt_values(name):
     """The n-gram captures were not copied; check our aggregation on their per-prompt divergence values."""

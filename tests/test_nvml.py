@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import types
 
 import pytest
 
+from conftest import wait_for_rows
 from specstudy.core import atomic, schemas
 from specstudy.deployment import provenance
 from specstudy.measure import telemetry
@@ -105,7 +105,7 @@ def test_four_gpus_every_series_per_index(fresh, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     out = tmp_path / "telemetry.jsonl"
     with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=None) as sampler:
-        time.sleep(0.3)
+        wait_for_rows(out, 3)
     rows = atomic.read_jsonl(out)
     assert len(rows) >= 3
     first = rows[0]
@@ -150,7 +150,7 @@ def test_no_gpu_says_so_once_and_keeps_sampling_processes(fresh, monkeypatch, tm
     for n in range(2):  # two cells of one deployment job
         out = tmp_path / f"c{n}.jsonl"
         with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=telemetry.os.getpid()) as sampler:
-            time.sleep(0.2)
+            wait_for_rows(out, 2)  # it keeps sampling
         rows = atomic.read_jsonl(out)
         assert rows and all(not k.startswith("gpu") for r in rows for k in r)
         assert all(r["proc.count"] >= 1 for r in rows)  # the CPU side goes on
@@ -200,7 +200,7 @@ def test_real_nvml_sampler_on_this_gpu(tmp_path):
     assert inv["devices"][0]["memory_total_mib"] > 1000
     out = tmp_path / "telemetry.jsonl"
     with telemetry.TelemetrySampler(out, interval_s=0.2, root_pid=telemetry.os.getpid()) as sampler:
-        time.sleep(1.0)
+        wait_for_rows(out, 3)
     s = sampler.summary()
     i = inv["devices"][0]["index"]
     assert s["gpu"]["source"] == "nvml" and s["hardware_source"] == "nvml+psutil"
@@ -239,7 +239,7 @@ def test_real_cuda_launch_is_parsed(fixture_models, tmp_path, monkeypatch):
 
     def run_cell(base_url, served, reqs, warm, conc, cdir, *, keys, sampler, **k):  # telemetry only
         sampler.start()
-        time.sleep(1.0)
+        wait_for_rows(cdir / "telemetry.jsonl", 1)  # sampled during the cell, not only at its stop
         sampler.stop()
         telemetry_seen.append(sampler.summary())
         summary = {"keys": keys, "validity": {"valid": True, "reasons": []}}

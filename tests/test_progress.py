@@ -223,9 +223,17 @@ def test_progress_reaches_the_terminal_under_make_study(tmp_path):
     import pty
 
     log = tmp_path / "job.log"
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+    # the child ends once its heartbeat has written a line (stdout counted as it is written), not after a fixed time
+    code = (f"import sys, threading; sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
             "from specstudy.measure.progress import Progress\n"
-            "p = Progress('screen-baseline-rep1', interval_s=0.2).start(); p.phase('launch'); time.sleep(0.5); p.close()\n")
+            "class Out:\n"
+            "    lines, two = 0, threading.Event()\n"
+            "    def write(self, s):\n"
+            "        sys.stdout.write(s); Out.lines += s.count('[progress')\n"
+            "        if Out.lines >= 2: Out.two.set()\n"
+            "    def flush(self): sys.stdout.flush()\n"
+            "p = Progress('screen-baseline-rep1', stream=Out(), interval_s=0.2).start(); p.phase('launch')\n"
+            "assert Out.two.wait(60), 'no heartbeat line within 60 s'; p.close()\n")
     pid, fd = pty.fork()
     if pid == 0:  # child: its controlling terminal is the pty; stdout goes to the log, like a Snakemake job
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import jit, tables
 from specstudy.core import schemas
 from specstudy.deployment import launchlog
@@ -18,12 +19,9 @@ from specstudy.report.sections.candidates import candidates_section
 from specstudy.study import prereg
 from test_cell import four_rows, summ
 
-# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
-GPU = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
-SCALE = GPU / "cuda-logs" / "scale-model-8b"
-MECH = GPU / "mechanics-2026-12-02"
-pytestmark = pytest.mark.skipif(not (SCALE / "serve_draft-k3.log").exists(),
-                                reason=f"recorded GPU logs not available at {SCALE} (the shared data belong at ../shared/gpu)")
+# The recorded GPU logs are part of the repository's test data (tests/data/gpu, see its MANIFEST.md).
+SCALE = data_path("gpu", "cuda-logs", "scale-model-8b")
+MECH = data_path("gpu", "mechanics-2026-12-02")
 
 
 def log(name: str) -> str:

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import data_path
 from specstudy.cli import main
 from specstudy.study.config import REPO_ROOT
 
-DATA = Path(__file__).resolve().parent / "data" / "scale-h200"
+DATA = data_path("scale-h200")
 ROOT = DATA / "results"
 CONFIG = REPO_ROOT / "config" / "gpu-h200-scale.yaml"
 ARMS = ("baseline", "ngram-k5")

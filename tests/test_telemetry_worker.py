@@ -8,15 +8,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
+from conftest import CpuShare, data_path, wait_for_rows
 from specstudy.core import atomic
 from specstudy.measure import telemetry, telemetry_worker
 
-H200_PAGE = Path(__file__).resolve().parents[1].parent / "shared" / "gpu" / "metrics-vllm-0.23.0-h200.prom"
+H200_PAGE = data_path("gpu", "metrics-vllm-0.23.0-h200.prom")
 
 
 class _Page(http.server.BaseHTTPRequestHandler):
@@ -44,17 +43,6 @@ def h200_metrics():
     srv.shutdown()
 
 
-def _wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
-    """Until the sampler's partial file holds n rows (a condition, not a sleep)."""
-    partial = path.with_name(f".{path.name}.partial")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if partial.exists() and partial.read_text().count("\n") >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{partial}: fewer than {n} rows after {timeout_s} s")
-
-
 @pytest.fixture
 def burner():
     p = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<60: pass"],
@@ -68,16 +56,18 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
     out = tmp_path / "cell" / "telemetry.jsonl"
     with telemetry_worker.SamplerProcess() as worker:
         assert worker.pid != os.getpid() and worker.alive()
+        got = CpuShare(burner.pid)
         sampler = telemetry.TelemetrySampler(out, metrics_url=h200_metrics, pgid=burner.pid, interval_s=0.05,
                                              gpu=False, worker=worker).start()
-        _wait_for_rows(out, 3)
+        wait_for_rows(out, 3)
         assert not out.exists()  # renamed into place only at stop, as in the thread
         s = sampler.stop()
+        share = got.pct()
         rows = atomic.read_jsonl(out)
         # one process serves the next cell's sampler too
         second = telemetry.TelemetrySampler(tmp_path / "c2" / "telemetry.jsonl", metrics_url=h200_metrics,
                                             pgid=burner.pid, interval_s=0.05, gpu=False, worker=worker).start()
-        _wait_for_rows(tmp_path / "c2" / "telemetry.jsonl", 2)
+        wait_for_rows(tmp_path / "c2" / "telemetry.jsonl", 2)
         assert second.stop()["samples"] >= 3
     assert not worker.alive()
     assert s["process"] == "worker" and s["samples"] == len(rows) >= 4  # stop() adds the window's last sample
@@ -86,7 +76,8 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
     expected = telemetry.parse_vllm_gauges(H200_PAGE.read_text())
     assert {k: rows[0][k] for k in expected} == expected
     assert all(r["proc.count"] == 1 for r in rows)
-    assert s["series"]["proc.cpu_pct"]["max"] > 30  # the burner's busy loop, seen from the child
+    # the burner's busy loop, seen from the child: as much CPU as it got, however loaded the machine is
+    assert share > 1 and s["series"]["proc.cpu_pct"]["mean"] >= 0.4 * share, (share, s["series"]["proc.cpu_pct"])
 
 
 def test_a_worker_that_dies_leaves_the_cell_without_telemetry_and_says_why(tmp_path, h200_metrics):
@@ -95,7 +86,7 @@ def test_a_worker_that_dies_leaves_the_cell_without_telemetry_and_says_why(tmp_p
     try:
         sampler = telemetry.TelemetrySampler(out, metrics_url=h200_metrics, interval_s=0.05, gpu=False,
                                              worker=worker).start()
-        _wait_for_rows(out, 1)
+        wait_for_rows(out, 1)
         os.kill(worker.pid, signal.SIGKILL)
         s = sampler.stop()  # no exception: telemetry never kills a cell
     finally:

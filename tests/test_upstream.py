@@ -7,20 +7,19 @@ ways: the upstream number from the upstream definition, and our number snapshott
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import upstream
 from specstudy.core import atomic, schemas
 from specstudy.measure import cell, prom
 
-# The shared data sit beside the repository (../shared, a symlink in every clone's parent directory).
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b"
-ROOT = SHARED / "results" / "70b" / "smoke-screening-20260913-debug"
-CELLS = sorted(ROOT.glob("*/open_chat/c*/repeat-01")) if ROOT.exists() else []
-pytestmark = pytest.mark.skipif(len(CELLS) != 6, reason=f"upstream 70B data not available: {ROOT} has "
-                                f"{len(CELLS)} of 6 cells (the shared data belong at ../shared/upstream-70b)")
+# The upstream 70B data set is part of the repository's test data (tests/data/upstream-70b, see its MANIFEST.md).
+DATA70 = data_path("upstream-70b")
+ROOT = data_path("upstream-70b", "results", "70b", "smoke-screening-20260913-debug")
+CELLS = sorted(ROOT.glob("*/open_chat/c*/repeat-01"))
+assert len(CELLS) == 6, f"{ROOT} has {len(CELLS)} of the 6 smoke cells (see tests/data/upstream-70b/MANIFEST.md)"
 REL = 1e-9
 
 
@@ -223,11 +222,11 @@ def test_upstream_definition_latencies_reported_beside_ours(converted, capsys):
             assert close(ud[metric][k], u["latency_ms"][metric][k]), (metric, k)
 
 
-def test_cli_reports_both_definitions_for_the_whole_shared_folder(capsys):
-    """`specstudy import-upstream ../shared/upstream-70b` (no output root: report only)."""
+def test_cli_reports_both_definitions_for_the_whole_data_set(capsys):
+    """`specstudy import-upstream tests/data/upstream-70b` (no output root: report only)."""
     from specstudy.cli import main
 
-    assert main(["import-upstream", str(SHARED)]) == 0
+    assert main(["import-upstream", str(DATA70)]) == 0
     out, err = capsys.readouterr()
     assert "6 cell(s) read, 0 incomplete, 0 with errors" in err
     lines = out.splitlines()
@@ -246,7 +245,7 @@ def test_imported_cells_run_through_tables_and_report(tmp_path):
     from specstudy.cli import main
 
     results = tmp_path / "results"
-    assert main(["import-upstream", str(SHARED), str(results)]) == 0
+    assert main(["import-upstream", str(DATA70), str(results)]) == 0
     assert main(["tables", "--results", str(results), "--out", str(results / "tables")]) == 0
     assert main(["report", "--results", str(results), "--tables", str(results / "tables"),
                  "--out", str(results / "report")]) == 0

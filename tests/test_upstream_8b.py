@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import data_path
 from specstudy.analysis import upstream, upstream_confirm
 from specstudy.core import atomic, schemas
 from specstudy.measure import prom
 
-DATA = Path(__file__).resolve().parent / "data" / "upstream-8b"
+DATA = data_path("upstream-8b")
 EAGLE = DATA / "results" / "8b" / "eagle"
 CONFIRM = EAGLE / "confirm"
 REPORT = EAGLE / "confirm-report.json"
@@ -25,12 +26,9 @@ K2_META = K2_CELL / "metadata.json"
 RAW_FILES = ("requests.jsonl", "metrics_before.prom", "metrics_after.prom")
 DSPARK = DATA / "results" / "8b" / "sweeps" / "calibrate-20261008T224745Z" / "dspark-e10-k7" / "probe"
 # real raw cells (requests.jsonl + .prom pairs) of the 70B set, for the layout tests below
-SHARED70 = Path(__file__).resolve().parents[1] / ".." / "shared" / "upstream-70b" / "results" / "70b" / \
-    "smoke-screening-20260913-debug"
-DRAFT70 = SHARED70 / "draft-n3-tp4-3391426" / "open_chat" / "c1" / "repeat-01"
-BASE70 = SHARED70 / "baseline-3391425" / "open_chat" / "c1" / "repeat-01"
-needs70 = pytest.mark.skipif(not DRAFT70.is_dir(), reason=f"upstream 70B raw cells not available at {SHARED70} "
-                             "(the shared data belong at ../shared/upstream-70b)")
+SMOKE70 = data_path("upstream-70b", "results", "70b", "smoke-screening-20260913-debug")
+DRAFT70 = SMOKE70 / "draft-n3-tp4-3391426" / "open_chat" / "c1" / "repeat-01"
+BASE70 = SMOKE70 / "baseline-3391425" / "open_chat" / "c1" / "repeat-01"
 ARMS = {"baseline": "baseline", "eagle31-k2": "eagle3-k2"}
 
 
@@ -287,7 +285,6 @@ def _args(source, out=None, strict=False, phase="screen", **kw):
     return argparse.Namespace(source=str(source), out=None if out is None else str(out), strict=strict, phase=phase, **ns)
 
 
-@needs70
 def test_swapped_scrapes_say_counter_decreased_in_the_files(tmp_path):
     d = tmp_path / "cell"
     shutil.copytree(DRAFT70, d)
@@ -301,7 +298,6 @@ def test_swapped_scrapes_say_counter_decreased_in_the_files(tmp_path):
     assert "swapped" in msg and "summary.json (converted)" not in msg
 
 
-@needs70
 def test_console_shows_throughput_validity(tmp_path, capsys):
     d = tmp_path / "baseline-1" / "open_chat" / "c1" / "repeat-01"
     shutil.copytree(BASE70, d)
