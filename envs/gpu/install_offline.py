@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Install vLLM + the harness on the offline GPU machine from the parts staged by envs/gpu/stage.py.
+"""Install the harness and each staged vLLM build on the offline GPU machine from envs/gpu/stage.py's parts.
 
 Each device call carries one part folder (.stage/pN). Every call but the last runs `hold`: the part is
 verified against its manifest and moved to a holding folder outside the tree (default /tmp/specstudy-parts;
 the machine keeps /tmp between calls only while it stays warm). The last call runs `install`: it collects
-the parts (in the tree and held), verifies every file's sha256, checks Python and torch against what the
-vLLM wheel needs, reassembles the slim vLLM wheel and checks its sha256, and only then installs everything
-with `pip install --no-index --no-deps --target SITE` together with this project, and writes SITE/env.sh
-to `source`.
+the parts (in the tree and held), verifies every file's sha256, checks Python and torch against what each
+vLLM build needs, reassembles each slim vLLM wheel and checks its sha256, and only then installs, each with
+`pip install --no-index --no-deps --target`: the harness wheels and this project into SITE (default
+/tmp/specstudy-site), and each build (vllm + its engine wheels) into its own site ENGINES/vllm-<version>
+(default /tmp/specstudy-engines). SITE/env.sh (`source` it) puts the checkout's scripts/, SITE and the default
+build's site on PYTHONPATH; ENGINES/vllm-<version>/env.sh puts that build's site first. A study serves with a
+build by `engine.server.env.PYTHONPATH: /tmp/specstudy-engines/vllm-<version>` (the server then sees that
+build and the image only); a server without one inherits the default build from SITE/env.sh.
 
 Standard library only: it runs before anything is installed.
 """
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -29,8 +34,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 from specstudy.core.atomic import sha256_file  # noqa: E402  (stdlib only: usable before anything is installed)
 
 MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 2  # what stage.py writes and this file reads (2: several vLLM builds)
 DEFAULT_HOLD = Path("/tmp/specstudy-parts")
 DEFAULT_SITE = Path("/tmp/specstudy-site")
+DEFAULT_ENGINES = Path("/tmp/specstudy-engines")
 PROBE = (
     "import json, sys\n"
     "out = {'python': '%d.%d.%d' % sys.version_info[:3], 'torch': None, 'cuda': None}\n"
@@ -60,9 +67,13 @@ def load_manifest(folder: Path) -> dict:
     if not path.is_file():
         raise InstallError(f"{path}: missing. Fix: carry the whole part folder made by `make gpu-stage` (envs/gpu/stage.py)")
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except ValueError as e:
         raise InstallError(f"{path}: not JSON ({e}). Fix: run `make gpu-stage` again and carry the new part") from e
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise InstallError(f"{path}: manifest format {manifest.get('format')}, this installer reads format "
+                           f"{MANIFEST_FORMAT}. Fix: run `make gpu-stage` with this checkout and carry the new parts")
+    return manifest
 
 
 def part_entry(manifest: dict, name: str, where: Path) -> dict:
@@ -189,28 +200,28 @@ def check_python(python: str, manifest: dict, project: Path | None = None) -> di
                         f"python3, or pass --no-project and put {project / 'scripts'} on PYTHONPATH")
     if ".".join(info["python"].split(".")[:2]) != need["python"]:
         problems.append(f"{python} is Python {info['python']}; the staged wheels are for Python {need['python']}. "
-                        f"Fix: run with --python pointing at a Python {need['python']} (on the H200 image: python3)")
-    if info.get("torch") is None:
-        problems.append(f"{python} cannot import torch ({info.get('torch_error')}); vLLM {manifest['slim_wheel']['requirement']}"
-                        f" needs torch=={need['torch']} with CUDA {need['cuda_major']}. Fix: use the image's python3")
-    else:
+                        f"Fix: run with --python pointing at a Python {need['python']} (on the GPU image: python3)")
+    for b in manifest["builds"]:
+        torch, slim = b["requires"]["torch"], b["slim_wheel"]
+        if info.get("torch") is None:
+            problems.append(f"{python} cannot import torch ({info.get('torch_error')}); {slim['requirement']} needs "
+                            f"torch=={torch} with CUDA {need['cuda_major']}. Fix: use the image's python3")
+            continue
         base = info["torch"].split("+")[0]
         cuda = info.get("cuda")
-        if base != need["torch"]:
-            problems.append(f"{python} has torch {info['torch']}; {manifest['slim_wheel']['filename']} pins "
-                            f"torch=={need['torch']}. Fix: use an image with torch {need['torch']}, or pin the vLLM "
-                            f"release built for torch {base} in envs/gpu/engine.txt and run `make gpu-stage` again")
+        if base != torch:
+            problems.append(f"{python} has torch {info['torch']}; {slim['filename']} (vLLM {b['version']}) pins "
+                            f"torch=={torch}. Fix: use an image with torch {torch}, or pin the vLLM release built "
+                            f"for torch {base} in envs/gpu/engine-<version>.txt and run `make gpu-stage` again")
         elif cuda is None or str(cuda).split(".")[0] != str(need["cuda_major"]):
-            problems.append(f"{python}'s torch {info['torch']} is built for CUDA {cuda}; "
-                            f"{manifest['slim_wheel']['filename']} links CUDA {need['cuda_major']} libraries. "
-                            f"Fix: use a torch {need['torch']}+cu{need['cuda_major']}0 image")
+            problems.append(f"{python}'s torch {info['torch']} is built for CUDA {cuda}; {slim['filename']} links "
+                            f"CUDA {need['cuda_major']} libraries. Fix: use a torch {torch}+cu{need['cuda_major']}0 image")
     if problems:
-        raise InstallError("\n  ".join(["this machine's Python does not fit the staged wheels:", *problems]))
+        raise InstallError("\n  ".join(["this machine's Python does not fit the staged wheels:", *dict.fromkeys(problems)]))
     return info
 
 
-def reassemble(manifest: dict, folders: dict[str, Path], dest_dir: Path) -> Path:
-    slim = manifest["slim_wheel"]
+def reassemble(slim: dict, folders: dict[str, Path], dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / slim["filename"]
     h = hashlib.sha256()
@@ -227,20 +238,69 @@ def reassemble(manifest: dict, folders: dict[str, Path], dest_dir: Path) -> Path
     return out
 
 
-def env_lines(site: Path, manifest: dict, project: Path | None = None) -> list[str]:
-    """The exports of env.sh. With the project, its ``scripts/`` comes first on PYTHONPATH: the installed
-    copy provides the ``specstudy`` command, but the package must be the checkout's own, which finds the
-    checkout's ``config/schemas`` (an installed copy looks for them beside itself, under the site's parent;
-    seen on the first H200 run: "no schema 'corpus-spec': expected /tmp/config/schemas/...")."""
-    env = {**manifest.get("env", {}), **ENV_EXTRA}
+def build_site(engines: Path, version: str) -> Path:
+    return engines / f"vllm-{version}"
+
+
+def default_build(manifest: dict) -> dict:
+    return next(b for b in manifest["builds"] if b["version"] == manifest["default_build"])
+
+
+def env_lines(site: Path, manifest: dict, project: Path | None = None, engine_site: Path | None = None) -> list[str]:
+    """The exports of SITE/env.sh: the checkout's ``scripts/`` first (the installed copy provides the
+    ``specstudy`` command, but the package must be the checkout's own, which finds the checkout's
+    ``config/schemas``; an installed copy looks for them beside itself, under the site's parent; seen on the
+    first H200 run: "no schema 'corpus-spec': expected /tmp/config/schemas/..."), then the harness site, then
+    the default build's site (vLLM for servers that name no build, and the packages harness.txt leaves to the
+    engine lists)."""
+    env = {**default_build(manifest).get("env", {}), **ENV_EXTRA}
     paths = ([str(project.resolve() / "scripts")] if project is not None else []) + [str(site)]
-    lines = [f'export PYTHONPATH="{":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}"', f'export PATH="{site}/bin:$PATH"']
+    paths += [str(engine_site)] if engine_site is not None else []
+    bins = [f"{site}/bin"] + ([f"{engine_site}/bin"] if engine_site is not None else [])
+    lines = [f'export PYTHONPATH="{":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}"', f'export PATH="{":".join(bins)}:$PATH"']
     lines += [f"export {k}={v}" for k, v in sorted(env.items())]
     return lines
 
 
-def install(stage: Path, holding: Path, site: Path, python: str, project: Path | None, import_check: bool = True,
-            log=print) -> Path:  # fmt: skip
+def build_env_lines(engine_site: Path, build: dict) -> list[str]:
+    """The exports of ENGINES/vllm-<version>/env.sh: that build's site first on PYTHONPATH (and its bin on PATH)."""
+    env = {**build.get("env", {}), **ENV_EXTRA}
+    lines = [f'export PYTHONPATH="{engine_site}${{PYTHONPATH:+:$PYTHONPATH}}"', f'export PATH="{engine_site}/bin:$PATH"']
+    lines += [f"export {k}={v}" for k, v in sorted(env.items())]
+    return lines
+
+
+def pip_target(python: str, target: Path, items: list[str]) -> None:
+    """pip install --no-index --no-deps into target.new, then swap it in for target (never half a site)."""
+    new = Path(str(target) + ".new")
+    if new.exists():
+        shutil.rmtree(new)
+    cmd = [python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--disable-pip-version-check",
+           "--no-build-isolation", "--target", str(new), *items]  # fmt: skip
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        shutil.rmtree(new, ignore_errors=True)
+        raise InstallError(f"pip install into {new} failed (exit {r.returncode}):\n{r.stdout[-4000:]}")
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    new.rename(target)
+
+
+def import_check(python: str, pythonpath: list[Path], env_extra: dict, mods: list[str], dist: str, where: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, pythonpath)), **env_extra)
+    code = ("import importlib, importlib.metadata as md\n"
+            f"for m in {mods!r}: importlib.import_module(m)\n"
+            f"print('import check ({where}): {dist}', md.version({dist!r}))\n")  # fmt: skip
+    r = subprocess.run([python, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise InstallError(f"installed {where}, but importing {', '.join(mods)} with PYTHONPATH="
+                           f"{env['PYTHONPATH']} failed:\n{r.stdout[-4000:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def install(stage: Path, holding: Path, site: Path, python: str, project: Path | None, import_check_on: bool = True,
+            engines: Path = DEFAULT_ENGINES, log=print) -> Path:  # fmt: skip
     t0 = time.monotonic()
 
     def ts(msg):
@@ -249,46 +309,60 @@ def install(stage: Path, holding: Path, site: Path, python: str, project: Path |
     manifest, folders = collect(stage, holding)
     ts(f"{len(folders)} parts verified ({', '.join(f'{n}: {p}' for n, p in folders.items())})")
     info = check_python(python, manifest, project)
-    ts(f"python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}) fit {manifest['slim_wheel']['requirement']}")
+    ts(f"python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}) fit "
+       f"{', '.join(b['slim_wheel']['requirement'] for b in manifest['builds'])}")
     if project is not None and not (project / "pyproject.toml").is_file():
         raise InstallError(f"{project}: no pyproject.toml. Fix: run from the repository root or pass --project")
     work = Path(str(site) + ".wheels")
     if work.exists():
         shutil.rmtree(work)
-    wheel = reassemble(manifest, folders, work)
-    ts(f"{wheel.name} reassembled, sha256 {manifest['slim_wheel']['sha256'][:16]}... verified")
-    wheels = [wheel] + [folders[w["part"]] / w["filename"] for w in manifest["wheels"]]
-    new = Path(str(site) + ".new")
-    if new.exists():
-        shutil.rmtree(new)
-    cmd = [python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--disable-pip-version-check",
-           "--no-build-isolation", "--target", str(new), *map(str, wheels)]  # fmt: skip
-    if project is not None:
-        cmd.append(str(project))
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        shutil.rmtree(new, ignore_errors=True)
-        raise InstallError(f"pip install into {new} failed (exit {r.returncode}):\n{r.stdout[-4000:]}")
-    if site.exists():
-        shutil.rmtree(site)
-    new.rename(site)
+    slims = {}
+    for b in manifest["builds"]:
+        slims[b["version"]] = reassemble(b["slim_wheel"], folders, work / b["version"])
+        ts(f"{b['slim_wheel']['filename']} (vLLM {b['version']}) reassembled, sha256 "
+           f"{b['slim_wheel']['sha256'][:16]}... verified")
+    def wheels_of(lst: str) -> list[str]:
+        return [str(folders[w["part"]] / w["filename"]) for w in manifest["wheels"] if lst in w["lists"]]
+
+    harness = wheels_of("harness") + wheels_of("build")
+    build_sites = {b["version"]: build_site(engines, b["version"]) for b in manifest["builds"]}
+    jobs = {"harness": (site, harness + ([str(project)] if project is not None else []))}
+    jobs |= {b["version"]: (build_sites[b["version"]], [str(slims[b["version"]])] + wheels_of(b["list"]))
+             for b in manifest["builds"]}
+    with ThreadPoolExecutor(len(jobs)) as pool:  # independent sites: one pip each, side by side
+        futures = {pool.submit(pip_target, python, dest, items): key for key, (dest, items) in jobs.items()}
+        for fut in as_completed(futures):
+            fut.result()
+            key = futures[fut]
+            dest, items = jobs[key]
+            if key == "harness":
+                ts(f"{len(harness)} harness wheels{' + ' + str(project) if project else ''} installed into {site}")
+            else:
+                ts(f"vLLM {key}: {len(items)} wheels installed into {dest}")
+    for b in manifest["builds"]:
+        dest = build_sites[b["version"]]
+        (dest / "env.sh").write_text("# written by envs/gpu/install_offline.py; `source` it after "
+                                     f"{site / 'env.sh'} to serve with vLLM {b['version']}\n"
+                                     + "\n".join(build_env_lines(dest, b)) + "\n")  # fmt: skip
     shutil.rmtree(work)
-    ts(f"{len(wheels)} wheels{' + ' + str(project) if project else ''} installed into {site}")
-    lines = env_lines(site, manifest, project)
+    default_site = build_sites[manifest["default_build"]]
+    lines = env_lines(site, manifest, project, default_site)
     env_file = site / "env.sh"
     env_file.write_text("# written by envs/gpu/install_offline.py; `source` it\n" + "\n".join(lines) + "\n")
-    if import_check:
-        env = dict(os.environ, PYTHONPATH=str(site) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
-        env.update({**manifest.get("env", {}), **ENV_EXTRA})
-        mods = ["vllm", "vllm._C", "snakemake"] + (["specstudy.cli"] if project else [])
-        code = ("import importlib, importlib.metadata as md\n"
-                f"for m in {mods!r}: importlib.import_module(m)\n"
-                "print('import check: vllm', md.version('vllm'), 'snakemake', md.version('snakemake'))\n")  # fmt: skip
-        r = subprocess.run([python, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if r.returncode != 0:
-            raise InstallError(f"installed into {site}, but importing {', '.join(mods)} failed:\n{r.stdout[-4000:]}")
-        ts(r.stdout.strip().splitlines()[-1])
-    log(f"environment ({env_file}; `source {env_file}`):")
+    if import_check_on:
+        checks = {f"vLLM {b['version']} alone": (  # as a server naming this build sees it: its site and the image
+            [build_sites[b["version"]]], {**b.get("env", {}), **ENV_EXTRA}, b["imports"],
+            b["slim_wheel"]["requirement"].split("==")[0]) for b in manifest["builds"]}
+        checks[f"harness + vLLM {manifest['default_build']}"] = (
+            ([project.resolve() / "scripts"] if project is not None else []) + [site, default_site],
+            {**default_build(manifest).get("env", {}), **ENV_EXTRA},
+            ["snakemake", default_build(manifest)["imports"][0]] + (["specstudy.cli"] if project else []), "snakemake")
+        with ThreadPoolExecutor(len(checks)) as pool:
+            futures = [pool.submit(import_check, python, *args, where) for where, args in checks.items()]
+            for fut in futures:  # in order: the first failure named is the first build's
+                ts(fut.result())
+    log(f"environment ({env_file}; `source {env_file}`; vLLM {manifest['default_build']} unless a server's "
+        f"PYTHONPATH names a build: {', '.join(str(v) for v in build_sites.values())}):")
     for line in lines:
         log(line)
     return env_file
@@ -302,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", type=Path, default=REPO / ".stage", help="the carried stage folder (default: REPO/.stage)")
     ap.add_argument("--holding", type=Path, default=Path(os.environ.get("SPECSTUDY_PARTS", DEFAULT_HOLD)))
     ap.add_argument("--site", type=Path, default=Path(os.environ.get("SPECSTUDY_SITE", DEFAULT_SITE)))
+    ap.add_argument("--engines", type=Path, default=Path(os.environ.get("SPECSTUDY_ENGINES", DEFAULT_ENGINES)),
+                    help="parent of the build sites vllm-<version> (default /tmp/specstudy-engines)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter to install for (default: this one)")
     ap.add_argument("--project", type=Path, default=REPO, help="project to install too (default: this checkout)")
     ap.add_argument("--no-project", action="store_true", help="install the staged wheels only")
@@ -316,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verify: parts {', '.join(folders)} verified; python {info['python']}, torch {info['torch']} fit")
         else:
             install(args.stage, args.holding, args.site, args.python, None if args.no_project else args.project,
-                    import_check=not args.no_import_check)  # fmt: skip
+                    import_check_on=not args.no_import_check, engines=args.engines)  # fmt: skip
     except InstallError as e:
         print(f"install_offline {args.mode}: error: {e}", file=sys.stderr)
         return 2

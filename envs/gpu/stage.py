@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Stage vLLM + the harness for the offline GPU machine (docs/gpu.md, "Offline install").
+"""Stage vLLM builds + the harness for the offline GPU machine (docs/gpu.md, "Offline install").
 
-Downloads the wheels pinned in envs/gpu/{engine,harness}.txt (sha256-checked by pip and again here), builds
-the sdist-only packages of envs/gpu/build.txt into wheels, slims the vLLM wheel (drops what a Hopper run of
-a Llama-family model does not load) and writes everything into the git-ignored REPO/.stage/ as parts of at
-most 45 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. Every
-part folder holds the same manifest.json: all parts with each file's sha256 and size, the slim wheel's
-sha256 and how to reassemble it, and the wheel list with hashes. envs/gpu/install_offline.py reads it.
+For each vLLM build (`--builds 0.23.0,0.26.0`; default: every envs/gpu/engine-<version>.txt) downloads the
+wheels pinned there, and those of envs/gpu/harness.txt (sha256-checked by pip and again here), builds the
+sdist-only packages of envs/gpu/build.txt into wheels, slims each vLLM wheel (drops what a Hopper run of a
+Llama-family model does not load) and writes everything into the git-ignored REPO/.stage/ as parts of at
+most 45 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. A wheel
+that several lists pin with the same hash is staged once. Every part folder holds the same manifest.json:
+all parts with each file's sha256 and size, each build's slim wheel (sha256, how to reassemble it, which
+wheels its site gets, the torch it pins), and the wheel list with hashes. envs/gpu/install_offline.py reads it.
 
 Idempotent: wheels come from a cache (default ~/.cache/specstudy/gpu-wheels, shared by all checkouts;
 pip's own cache is used for the downloads), and a stage whose manifest and files already verify is left
@@ -36,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "scripts"))
-from install_offline import MANIFEST, InstallError, verify_part  # noqa: E402  (one manifest check for stage and install)
+from install_offline import MANIFEST, MANIFEST_FORMAT, InstallError, verify_part  # noqa: E402  (one manifest check for stage and install)
 
 from specstudy.core.atomic import sha256_file  # noqa: E402
 
@@ -47,7 +49,9 @@ RESUME_RESERVE = 8_000_000  # kept free beside the largest part: a resume pack (
 # last part) and the tree's growth between staging and the lease
 MANIFEST_RESERVE = 64_000  # room kept in each part for manifest.json
 STAGE_DIRNAME = ".stage"
-FORMAT = 1
+FORMAT = MANIFEST_FORMAT  # 2: several vLLM builds ("builds"), each wheel listed once with the lists that use it
+ENGINE_GLOB = "engine-*.txt"  # one pin list per vLLM build: engine-<version>.txt
+DEFAULT_BUILD = "0.23.0"  # the build the harness site's env.sh serves with when a study names none
 
 # Target image: the lent H200's 'cuda' image. vLLM 0.23.0's CUDA wheel pins torch==2.11.0 and links
 # libcudart.so.13; the image has torch 2.11.0+cu130 on Python 3.12.
@@ -60,17 +64,20 @@ PLATFORM_ARGS = [
                   "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64", "any") for a in ("--platform", p)],
 ]  # fmt: skip
 
-# Members dropped from the vLLM wheel: FlashAttention 2 kernels (Hopper runs FlashAttention 3), the MoE
-# kernels (only import-probed for a dense model), the vllm-rs binary, deep_gemm builds for other Pythons.
-SLIM_REMOVE = (
-    "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
-    "vllm/_moe_C.abi3.so",
-    "vllm/vllm-rs",
-    "vllm/third_party/deep_gemm/_C.cpython-310-x86_64-linux-gnu.so",
-    "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so",
-    "vllm/third_party/deep_gemm/_C.cpython-313-x86_64-linux-gnu.so",
-    "vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so",
-)
+# Members dropped from each vLLM wheel, every one of which must be in it: FlashAttention 2 kernels (Hopper runs
+# FlashAttention 3; vllm_flash_attn imports FA2 in a try), the MoE kernels (imported under
+# contextlib.suppress(ImportError) by vllm.platforms, used only by MoE layers), the vllm-rs binary (the Rust
+# front end, off unless VLLM_RUST_FRONTEND_PATH is set), deep_gemm builds for other Pythons.
+_DEEP_GEMM_OTHER_PYTHONS = tuple(f"vllm/third_party/deep_gemm/_C.cpython-3{v}-x86_64-linux-gnu.so" for v in (10, 11, 13, 14))
+SLIM_REMOVE = {
+    "0.23.0": ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm-rs",
+               *_DEEP_GEMM_OTHER_PYTHONS),
+    # 0.26.0 has no _C / _moe_C: its kernels are the stable-ABI _C_stable_libtorch / _moe_C_stable_libtorch
+    "0.26.0": ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C_stable_libtorch.abi3.so", "vllm/vllm-rs",
+               *_DEEP_GEMM_OTHER_PYTHONS),
+}  # fmt: skip
+# The compiled module the install imports to prove a build's kernels load (vllm.platforms.cuda imports it first)
+KERNEL_MODULES = ("vllm._C", "vllm._C_stable_libtorch")
 SLIM_PACKAGE = "vllm"
 FIXED_ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 
@@ -207,16 +214,18 @@ def wheel_requires(wheel: Path, name: str) -> str | None:
     return None
 
 
-def slim_wheel(src: Path, dest: Path, remove: tuple[str, ...] = SLIM_REMOVE) -> list[str]:
+def slim_wheel(src: Path, dest: Path, remove: tuple[str, ...]) -> list[str]:
     """Copy src to dest without the members matching `remove` (zip -d: no recompression) and with a RECORD
-    that no longer lists them. Returns the removed member names."""
+    that no longer lists them. Every pattern must match a member (a renamed member is found at staging, not
+    as a wheel that stays large). Returns the removed member names."""
     with zipfile.ZipFile(src) as z:
         names = z.namelist()
         record_name = next(n for n in names if n.endswith(".dist-info/RECORD"))
         record = z.read(record_name).decode()
+    absent = [pat for pat in remove if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
+    if absent:
+        raise StageError(f"{src.name}: no member matches {absent}; update SLIM_REMOVE in {Path(__file__).name}")
     gone = [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in remove)]
-    if not gone:
-        raise StageError(f"{src.name}: none of {remove} is in the wheel; update SLIM_REMOVE in {Path(__file__).name}")
     if shutil.which("zip") is None:
         raise StageError("`zip` is not installed here (apt-get install zip): it deletes wheel members without recompressing")
     tmp = dest.with_suffix(".tmp")
@@ -240,7 +249,14 @@ def slim_wheel(src: Path, dest: Path, remove: tuple[str, ...] = SLIM_REMOVE) -> 
     return gone
 
 
-def slim_cached(src: Path, cache: Path) -> tuple[Path, list[str]]:
+def slim_remove_for(version: str) -> tuple[str, ...]:
+    if version not in SLIM_REMOVE:
+        raise StageError(f"no SLIM_REMOVE entry for vLLM {version} in {Path(__file__).name}: list the members its "
+                         f"wheel can drop (compare with {', '.join(SLIM_REMOVE)})")  # fmt: skip
+    return SLIM_REMOVE[version]
+
+
+def slim_cached(src: Path, cache: Path, remove: tuple[str, ...]) -> tuple[Path, list[str]]:
     """The slim wheel for src, from cache/slim when its recorded source and result hashes still hold."""
     folder = cache / "slim"
     folder.mkdir(parents=True, exist_ok=True)
@@ -249,13 +265,23 @@ def slim_cached(src: Path, cache: Path) -> tuple[Path, list[str]]:
     src_sha = sha256_file(src)
     if dest.is_file() and info_path.is_file():
         info = json.loads(info_path.read_text())
-        if info.get("source_sha256") == src_sha and info.get("remove") == list(SLIM_REMOVE) \
+        if info.get("source_sha256") == src_sha and info.get("remove") == list(remove) \
                 and info.get("sha256") == sha256_file(dest):  # fmt: skip
             return dest, info["removed"]
-    removed = slim_wheel(src, dest)
-    info_path.write_text(json.dumps({"source_sha256": src_sha, "remove": list(SLIM_REMOVE), "removed": removed,
+    removed = slim_wheel(src, dest, remove)
+    info_path.write_text(json.dumps({"source_sha256": src_sha, "remove": list(remove), "removed": removed,
                                      "sha256": sha256_file(dest)}, indent=1))  # fmt: skip
     return dest, removed
+
+
+def kernel_module(wheel: Path) -> str:
+    """The compiled kernel module of a vLLM wheel (0.23.0: vllm._C; 0.26.0: vllm._C_stable_libtorch)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    for mod in KERNEL_MODULES:
+        if f"{mod.replace('.', '/')}.abi3.so" in names:
+            return mod
+    raise StageError(f"{wheel.name} has none of {', '.join(KERNEL_MODULES)} (as .abi3.so); update KERNEL_MODULES")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -271,16 +297,17 @@ class Piece:
     length: int
 
 
-def plan_parts(split: Path | None, chunk_prefix: str, wheels: list[Path], limit: int = PART_LIMIT,
+def plan_parts(splits: list[tuple[Path, str]], wheels: list[Path], limit: int = PART_LIMIT,
                reserve: int = MANIFEST_RESERVE) -> list[Piece]:  # fmt: skip
-    """Fill parts in order: the file to split first (cut at each part's capacity, named chunk_prefix.000, .001,
-    ...), then the wheels whole, in the order given, each in the current part if it fits, else in the next."""
+    """Fill parts in order: the files to split first, one after the other (each cut at the parts' capacity,
+    named prefix.000, .001, ...), then the wheels whole, in the order given, each in the current part if it
+    fits, else in the next."""
     cap = limit - reserve
     if cap <= 0:
         raise StageError(f"part limit {limit} leaves no room beside the manifest reserve {reserve}")
     pieces: list[Piece] = []
     part, used = 1, 0
-    if split is not None:
+    for split, chunk_prefix in splits:
         size, off, k = split.stat().st_size, 0, 0
         while off < size:
             if used >= cap:
@@ -331,25 +358,30 @@ def part_digest(files: list[dict]) -> str:
     return hashlib.sha256("".join(f"{f['file']} {f['sha256']} {f['size']}\n" for f in files).encode()).hexdigest()
 
 
-def build_manifest(pieces: list[Piece], slim: dict | None, wheels: list[dict], extra: dict | None = None,
+def build_manifest(pieces: list[Piece], builds: list[dict], wheels: list[dict], extra: dict | None = None,
                    limit: int = PART_LIMIT) -> dict:
+    """builds: per vLLM build {"version", "slim_wheel": {"path", "filename", ...}, ...}; wheels: every other
+    file once, each with the lists ("engine-<version>", "harness", "build") that use it."""
     parts: dict[int, list[dict]] = {}
     for p in pieces:
         parts.setdefault(p.part, []).append({"file": p.file, "sha256": _range_sha(p.src, p.offset, p.length),
                                              "size": p.length})  # fmt: skip
     where = {p.file: f"p{p.part}" for p in pieces}
+    out_builds = []
+    for b in builds:
+        slim = b["slim_wheel"]
+        chunk_names = [p.file for p in pieces if p.src == slim["path"]]
+        out_builds.append({**b, "slim_wheel": {k: v for k, v in slim.items() if k != "path"} | {
+            "chunks": [{"part": where[c], "file": c} for c in chunk_names]}})
     manifest = {
         "format": FORMAT,
         "made_by": "envs/gpu/stage.py",
         "part_limit": limit,
         "parts": [{"name": f"p{k}", "sha256": part_digest(v), "size": sum(f["size"] for f in v), "files": v}
                   for k, v in sorted(parts.items())],  # fmt: skip
+        "builds": out_builds,
         "wheels": [{**w, "part": where[w["filename"]]} for w in wheels],
     }
-    if slim is not None:
-        chunk_names = [p.file for p in pieces if p.src == slim["path"]]
-        manifest["slim_wheel"] = {k: v for k, v in slim.items() if k != "path"} | {
-            "chunks": [{"part": where[c], "file": c} for c in chunk_names]}
     manifest.update(extra or {})
     return manifest
 
@@ -452,49 +484,152 @@ def check_carry(repo: Path, limit: int = PART_LIMIT, reserve: int = RESUME_RESER
 # ---------------------------------------------------------------------------------------------------------
 
 
-def stage(repo: Path, cache: Path, log=print) -> dict:
+def version_key(v: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.+-]", v))
+
+
+def engine_lists(folder: Path = HERE) -> dict[str, Path]:
+    """The pin list of each vLLM build: {version: folder/engine-<version>.txt}, oldest first."""
+    found = {f.name[len("engine-"):-len(".txt")]: f for f in folder.glob(ENGINE_GLOB)}
+    return {v: found[v] for v in sorted(found, key=version_key)}
+
+
+def parse_builds(text: str | None, available: dict[str, Path]) -> list[str]:
+    """`--builds 0.23.0,0.26.0` (None or empty: every build with a pin list), checked against the pin lists."""
+    wanted = [b.strip() for b in (text or "").split(",") if b.strip()] or list(available)
+    unknown = [b for b in wanted if b not in available]
+    if unknown or not wanted:
+        raise StageError(f"--builds {text}: no pin list for {', '.join(unknown) or 'any build'}; the builds are "
+                         f"{', '.join(available) or 'none'} (envs/gpu/{ENGINE_GLOB}). Fix: name those, or add "
+                         f"envs/gpu/engine-<version>.txt with vllm==<version> and its dependencies")  # fmt: skip
+    return sorted(dict.fromkeys(wanted), key=version_key)
+
+
+def engine_provided(harness: Path) -> list[str]:
+    """The names harness.txt's `# engine-provided: a b c` line leaves to every engine list."""
+    for line in Path(harness).read_text().splitlines():
+        if line.startswith("# engine-provided:"):
+            return [normalize(n) for n in line.split(":", 1)[1].split()]
+    return []
+
+
+def check_lists(pins: dict[str, list[Pin]], lists: dict[str, Path]) -> None:
+    """Each engine list pins its own vllm; harness and build share no name with any other list; a name+version
+    pinned by two engine lists has one hash."""
+    for key, ps in pins.items():
+        if key.startswith("engine-"):
+            want = key[len("engine-"):]
+            got = [p.version for p in ps if p.name == SLIM_PACKAGE]
+            if got != [want]:
+                raise StageError(f"{lists[key]}: must pin {SLIM_PACKAGE}=={want} (its name says so), pins {got or 'none'}")
+    for name in engine_provided(lists["harness"]):
+        for key, ps in pins.items():
+            if key.startswith("engine-") and name not in {p.name for p in ps}:
+                raise StageError(f"{lists[key]} does not pin {name}, which {lists['harness']} leaves to the engine "
+                                 f"lists (its '# engine-provided:' line). Fix: pin it there too")
+    for own in ("harness", "build"):
+        mine = {p.name for p in pins[own]}
+        for key, ps in pins.items():
+            both = sorted(mine & {p.name for p in ps}) if key != own else []
+            if both:
+                raise StageError(f"pinned in both {lists[own]} and {lists[key]}: {', '.join(both)}. Fix: keep each in "
+                                 f"one list (the harness finds what the engine lists pin in the default build's site)")
+    seen: dict[str, Pin] = {}
+    for key, ps in pins.items():
+        for p in ps:
+            other = seen.setdefault(p.requirement, p)
+            if other.sha256 != p.sha256:
+                raise StageError(f"{p.requirement} has sha256 {other.sha256} in {lists[other.source]} and {p.sha256} "
+                                 f"in {lists[key]}. Fix: pin one wheel (the same hash) in both")
+
+
+def describe_part(part: dict, manifest: dict) -> str:
+    """What a part holds, for people: the vLLM chunks by build and how many wheels of which lists."""
+    files = {f["file"] for f in part["files"]}
+    bits = []
+    for b in manifest["builds"]:
+        chunks = [c["file"] for c in b["slim_wheel"]["chunks"] if c["file"] in files]
+        if chunks:
+            n = len(b["slim_wheel"]["chunks"])
+            idx = [b["slim_wheel"]["chunks"].index({"part": part["name"], "file": c}) + 1 for c in chunks]
+            bits.append(f"vLLM {b['version']} chunk {idx[0]}" + (f"-{idx[-1]}" if len(idx) > 1 else "") + f" of {n}")
+    wheels = [w for w in manifest["wheels"] if w["filename"] in files]
+    if wheels:
+        kinds: dict[str, int] = {}
+        for w in wheels:
+            k = "+".join(sorted({"engine" if x.startswith("engine-") else x for x in w["lists"]}))
+            kinds[k] = kinds.get(k, 0) + 1
+        bits.append(", ".join(f"{n} {k} wheel{'s' if n > 1 else ''}" for k, n in kinds.items()))
+    return "; ".join(bits)
+
+
+def stage(repo: Path, cache: Path, builds: list[str] | None = None, log=print) -> dict:
     t0 = time.monotonic()
-    lists = {k: HERE / f"{k}.txt" for k in ("engine", "harness", "build")}
+    available = engine_lists(HERE)
+    builds = builds or list(available)
+    lists = {f"engine-{v}": available[v] for v in builds} | {"harness": HERE / "harness.txt", "build": HERE / "build.txt"}
     pins = {k: parse_pins(v, k) for k, v in lists.items()}
-    names = [p.name for ps in pins.values() for p in ps]
-    dup = sorted({x for x in names if names.count(x) > 1})
-    if dup:
-        raise StageError(f"pinned in more than one of {', '.join(str(v) for v in lists.values())}: {', '.join(dup)}")
+    check_lists(pins, lists)
     ensure_ignored(repo)
-    tree = check_carry(repo)
+    tree = check_carry(repo, PART_LIMIT, RESUME_RESERVE, CARRY_LIMIT)
     log(f"stage: working tree {tree / 1e6:.1f} MB + a part of <= {PART_LIMIT / 1e6:.0f} MB + "
         f"{RESUME_RESERVE / 1e6:.0f} MB reserve fit the {CARRY_LIMIT / 2**20:.0f} MiB of one device call")
-    files = {**fetch_wheels(pins["engine"], lists["engine"], cache),
-             **fetch_wheels(pins["harness"], lists["harness"], cache)}  # fmt: skip
-    log(f"stage: {len(files)} pinned wheels verified in {cache / 'wheels'} ({time.monotonic() - t0:.1f}s)")
-    built = build_sdists(pins["build"], lists["build"], cache)
-    vllm_pin = next(p for p in pins["engine"] if p.name == SLIM_PACKAGE)
-    source = files.pop(vllm_pin)
-    slim_path, removed = slim_cached(source, cache)
-    slim_sha = sha256_file(slim_path)
-    log(f"stage: {source.name} slimmed {source.stat().st_size / 1e6:.1f} -> {slim_path.stat().st_size / 1e6:.1f} MB, "
-        f"sha256 {slim_sha} ({time.monotonic() - t0:.1f}s)")
-    torch_pin = wheel_requires(source, "torch")
-    if not torch_pin:
-        raise StageError(f"{source.name} does not pin torch==X; cannot record which torch it needs")
-    order = [p for p in pins["engine"] if p != vllm_pin] + pins["harness"] + pins["build"]
-    paths = {**files, **built}
-    wheel_paths = [paths[p] for p in order]
-    wheels = [{"filename": paths[p].name, "requirement": p.requirement, "list": p.source, "sha256": sha256_file(paths[p]),
-               "size": paths[p].stat().st_size} | ({"sdist_sha256": p.sha256} if p.source == "build" else {})
-              for p in order]  # fmt: skip
-    slim = {"path": slim_path, "filename": slim_path.name, "requirement": vllm_pin.requirement, "sha256": slim_sha,
-            "size": slim_path.stat().st_size, "source_sha256": vllm_pin.sha256, "removed": removed}  # fmt: skip
-    pieces = plan_parts(slim_path, "vllm-slim.whl.part", wheel_paths)
-    extra = {"requires": {"python": TARGET_PYTHON, "torch": torch_pin, "cuda_major": TARGET_CUDA_MAJOR},
-             "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"}}  # fmt: skip
-    manifest = build_manifest(pieces, slim, wheels, extra)
+    paths: dict[Pin, Path] = {}
+    for key in lists:
+        if key != "build":
+            paths.update(fetch_wheels(pins[key], lists[key], cache))
+    log(f"stage: {len(set(paths.values()))} pinned wheels verified in {cache / 'wheels'} ({time.monotonic() - t0:.1f}s)")
+    paths.update(build_sdists(pins["build"], lists["build"], cache))
+    out_builds, splits = [], []
+    for v in builds:
+        key = f"engine-{v}"
+        vllm_pin = next(p for p in pins[key] if p.name == SLIM_PACKAGE)
+        source = paths.pop(vllm_pin)
+        slim_path, removed = slim_cached(source, cache, slim_remove_for(v))
+        slim_sha = sha256_file(slim_path)
+        log(f"stage: {source.name} slimmed {source.stat().st_size / 1e6:.1f} -> {slim_path.stat().st_size / 1e6:.1f} MB, "
+            f"sha256 {slim_sha} ({time.monotonic() - t0:.1f}s)")
+        torch_pin = wheel_requires(source, "torch")
+        if not torch_pin:
+            raise StageError(f"{source.name} does not pin torch==X; cannot record which torch it needs")
+        out_builds.append({
+            "version": v, "list": key,
+            # what the install imports with only this build's site on PYTHONPATH, as a server naming it runs
+            "imports": [SLIM_PACKAGE, kernel_module(source), "vllm.entrypoints.openai.api_server"],
+            "requires": {"torch": torch_pin}, "env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+            "slim_wheel": {"path": slim_path, "filename": slim_path.name, "requirement": vllm_pin.requirement,
+                           "sha256": slim_sha, "size": slim_path.stat().st_size, "source_sha256": vllm_pin.sha256,
+                           "removed": removed},
+        })  # fmt: skip
+        splits.append((slim_path, f"vllm-{v}-slim.whl.part"))
+    order = [p for key in lists for p in pins[key] if p in paths]  # engine lists in build order, harness, build
+    wheels: dict[str, dict] = {}
+    for p in order:
+        path = paths[p]
+        sha = sha256_file(path)
+        entry = wheels.setdefault(sha, {"filename": path.name, "requirement": p.requirement, "sha256": sha,
+                                        "size": path.stat().st_size, "lists": []})  # fmt: skip
+        entry["lists"].append(p.source)
+        if p.source == "build":
+            entry["sdist_sha256"] = p.sha256
+    names = [w["filename"] for w in wheels.values()]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise StageError(f"two different wheels named {', '.join(clash)} (pinned with different hashes). Fix: pin one")
+    by_name = {paths[p].name: paths[p] for p in order}
+    pieces = plan_parts(splits, [by_name[w["filename"]] for w in wheels.values()], PART_LIMIT, MANIFEST_RESERVE)
+    default = DEFAULT_BUILD if DEFAULT_BUILD in builds else builds[0]
+    extra = {"requires": {"python": TARGET_PYTHON, "cuda_major": TARGET_CUDA_MAJOR}, "default_build": default}
+    manifest = build_manifest(pieces, out_builds, list(wheels.values()), extra, PART_LIMIT)
     wrote = write_stage(repo / STAGE_DIRNAME, pieces, manifest)
     total = sum(p["size"] for p in manifest["parts"])
     for p in manifest["parts"]:
-        log(f"stage: {STAGE_DIRNAME}/{p['name']}: {p['size'] / 1e6:.1f} MB, {len(p['files'])} files")
-    log(f"stage: {'written' if wrote else 'already up to date'}: {len(manifest['parts'])} parts, {total / 1e6:.1f} MB "
-        f"in all ({time.monotonic() - t0:.1f}s)")
+        log(f"stage: {STAGE_DIRNAME}/{p['name']}: {p['size'] / 1e6:.1f} MB, {len(p['files'])} files: "
+            f"{describe_part(p, manifest)}")
+    shared = sum(1 for w in manifest["wheels"] if len(w["lists"]) > 1)
+    log(f"stage: {'written' if wrote else 'already up to date'}: builds {', '.join(builds)} (default {default}), "
+        f"{len(manifest['wheels'])} wheels ({shared} used by more than one list, staged once), "
+        f"{len(manifest['parts'])} parts, {total / 1e6:.1f} MB in all ({time.monotonic() - t0:.1f}s)")
     return manifest
 
 
@@ -503,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", type=Path, default=REPO, help="repository root (default: this checkout)")
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "SPECSTUDY_GPU_WHEEL_CACHE", Path.home() / ".cache" / "specstudy" / "gpu-wheels")))
+    ap.add_argument("--builds", default=None,
+                    help=f"vLLM builds to stage, comma-separated (default: every envs/gpu/{ENGINE_GLOB})")
     ap.add_argument("--check-carry", action="store_true",
                     help="only check that the working tree leaves room for a part and a resume pack in one device call")
     args = ap.parse_args(argv)
@@ -512,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stage: working tree {tree / 1e6:.1f} MB; room for a {PART_LIMIT / 1e6:.0f} MB part and "
                   f"{RESUME_RESERVE / 1e6:.0f} MB reserve within {CARRY_LIMIT / 2**20:.0f} MiB")
             return 0
-        stage(args.repo.resolve(), args.cache)
+        stage(args.repo.resolve(), args.cache, parse_builds(args.builds, engine_lists(HERE)))
     except StageError as e:
         print(f"stage: error: {e}", file=sys.stderr)
         return 2
