@@ -57,8 +57,13 @@ def parse_builds(values: list[str]) -> dict[str, str]:
     return builds
 
 
-def arm_spec(name: str) -> dict:
+def arm_spec(name: str, arms_cfg: dict | None = None) -> dict:
+    """The arm spec of ``name``; a method's study-wide settings (the n-gram window, ``arms.ngram``) from the
+    study config's ``arms`` section, as the plan gives them to every arm of the method."""
     spec = parse_arm(name.split("+")[0])
+    if spec["method"] in ("ngram", "ngram_gpu"):
+        window = (arms_cfg or {}).get("ngram") or {}
+        spec.update({k: window[k] for k in ("prompt_lookup_min", "prompt_lookup_max") if k in window})
     variant = name.partition("+")[2]
     if variant:
         if variant not in VARIANTS:
@@ -136,7 +141,7 @@ def engine_reported(site: str, python: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def run_one(engine_cfg: dict, build: str, site: str, arm_name: str, prompts: list[dict], conc: list[int],
+def run_one(engine_cfg: dict, arms_cfg: dict, build: str, site: str, arm_name: str, prompts: list[dict], conc: list[int],
             counts: list[int], max_tokens: int, out: Path) -> dict:
     from specstudy.deployment import launch, launchlog, readiness
     from specstudy.job.spec import engine_flat
@@ -148,11 +153,16 @@ def run_one(engine_cfg: dict, build: str, site: str, arm_name: str, prompts: lis
     if eng.get("cache_root"):  # one compile cache per build: a cache of one build is no warm start for the other
         eng["cache_root"] = f"{eng['cache_root']}-{build}"
     eng["env"] = env
-    arm = arm_spec(arm_name)
+    arm = arm_spec(arm_name, arms_cfg)
     attempt = out / build / f"{arm_name}.attempt"
     rec: dict = {"build": build, "site": site, "arm": arm_name, "started_at": time.time(), "cells": []}
     t0 = time.monotonic()
-    server, _ = launch.start_server(eng, arm, attempt_dir=attempt, served_model_name="target")
+    try:
+        server, _ = launch.start_server(eng, arm, attempt_dir=attempt, served_model_name="target")
+    except Exception as exc:  # refused before it started (an arm the launcher does not accept): recorded, next run
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+        write_json(out / build / f"{arm_name}.json", rec)
+        return rec
     try:
         ready = readiness.wait_ready(server, timeout_s=float(eng["readiness_timeout_s"]))
         rec["ready_s"] = round(time.monotonic() - t0, 1)
@@ -222,7 +232,8 @@ def main(argv=None) -> int:
     counts = [int(x) for x in a.requests_per_concurrency.split(",")]
     if len(counts) != len(conc) or any(n < c for n, c in zip(counts, conc, strict=False)):
         raise SystemExit("--requests-per-concurrency: one count per concurrency, each at least the concurrency")
-    engine_cfg = yaml.safe_load(Path(a.config).read_text())["engine"]
+    study = yaml.safe_load(Path(a.config).read_text())
+    engine_cfg, arms_cfg = study["engine"], study.get("arms") or {}
     prompts = heldout.read_prompts(a.prompts)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +250,7 @@ def main(argv=None) -> int:
             print(f"  {build} {arm}: skipped, {a.deadline - time.time():.0f} s left before the deadline", flush=True)
             continue
         print(f"{build} {arm}: launching", flush=True)
-        records.append(run_one(engine_cfg, build, builds[build], arm, prompts, conc, counts, a.max_tokens, out))
+        records.append(run_one(engine_cfg, arms_cfg, build, builds[build], arm, prompts, conc, counts, a.max_tokens, out))
         (out / "summary.md").write_text(summary_table(records))
     print(summary_table(records), flush=True)
     return 0 if all(not r.get("error") for r in records) else 1

@@ -471,7 +471,7 @@ def test_cli_check_carry_prints_the_room(tmp_path, capsys):
     repo = _git_repo(tmp_path / "repo")
     (repo / "a.txt").write_text("x")
     assert stage.main(["--repo", str(repo), "--check-carry"]) == 0
-    assert "working tree 0.0 MB; room for a 45 MB part" in capsys.readouterr().out
+    assert "working tree 0.0 MB; room for a 40 MB part" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------ stage() end to end

@@ -5,7 +5,7 @@ For each vLLM build (`--builds 0.23.0,0.26.0`; default: every envs/gpu/engine-<v
 wheels pinned there, and those of envs/gpu/harness.txt (sha256-checked by pip and again here), builds the
 sdist-only packages of envs/gpu/build.txt into wheels, slims each vLLM wheel (drops what a Hopper run of a
 Llama-family model does not load) and writes everything into the git-ignored REPO/.stage/ as parts of at
-most 45 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. A wheel
+most 40 MB, one folder each (.stage/p1, .stage/p2, ...), so that one device call can carry one part. A wheel
 that several lists pin with the same hash is staged once. Every part folder holds the same manifest.json:
 all parts with each file's sha256 and size, each build's slim wheel (sha256, how to reassemble it, which
 wheels its site gets, the torch it pins), and the wheel list with hashes. envs/gpu/install_offline.py reads it.
@@ -42,7 +42,7 @@ from install_offline import MANIFEST, MANIFEST_FORMAT, InstallError, verify_part
 
 from specstudy.core.atomic import sha256_file  # noqa: E402
 
-PART_LIMIT = 45_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
+PART_LIMIT = 40_000_000  # bytes per part folder, manifest included (the device tool carries <= 64 MiB a call)
 CARRY_LIMIT = 64 * 2**20  # what one device call carries: the working tree (tracked and untracked files git does
 # not ignore) plus the carried paths. A part rides with the whole tree, so the tree must leave it room.
 RESUME_RESERVE = 8_000_000  # kept free beside the largest part: a resume pack (lease.sh resume, carried with the
