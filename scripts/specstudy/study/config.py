@@ -88,11 +88,12 @@ def _variant_problems(cfg: dict) -> list[str]:
 
 def _method_problems(cfg: dict, source: str) -> list[str]:
     """``arms.methods`` (and ``arms.unservable[].method``) against the method registry (core.methods): each a
-    registered method, with the levels, settings and model directory its registration needs, nothing the
-    engine refuses with it, and a probe entry where the declared engine's record must say whether it serves it.
-    A method the record says the engine refused needs no model directory: its arms are skipped, never deployed."""
+    registered method, with the levels, settings and model directory its registration needs, and nothing the
+    engine refuses with it. A method the record says the engine refused needs no model directory: its arms are
+    skipped, never deployed. (A method the record does not cover is the pre-flight's: the probe that writes
+    the record reads this config too.)"""
     from specstudy.core import methods
-    from specstudy.study.engine_methods import engine_refusal, unprobed
+    from specstudy.study.engine_methods import engine_refusal
 
     arms, engine = cfg["arms"], cfg["engine"]
     problems: list[str] = []
@@ -108,11 +109,6 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
     if problems:
         return problems
     record = engine.get("methods_record")
-    missing_probe = unprobed(cfg, [m.name for m in listed]) if record and methods_record_path(cfg).is_file() else []
-    for name in missing_probe:
-        problems.append(f"field 'arms.methods': method {name} has no entry in the engine's recorded probe {record}, so "
-                        f"nothing says whether this engine serves it; probe it: `specstudy engine probe-methods --config "
-                        f"{source} --methods {name} --out {record}` (adds it to the record)")
     seen_sections: set[str] = set()
     flags = [str(a) for a in (engine.get("server") or {}).get("extra_args") or []]
     for decl in listed:

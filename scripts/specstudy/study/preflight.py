@@ -133,11 +133,27 @@ def extension_arm_problems(cfg: dict) -> list[str]:
                        f"use arm names from arms.methods × num_speculative_tokens or arms.variants ({', '.join(known)})"]
 
 
+def method_probe_problems(cfg: dict, source: str) -> list[str]:
+    """A listed method whose servability the engine's declared record must state (its registration names a
+    probe entry) but does not: nothing would say whether this engine build serves it."""
+    from specstudy.study.engine_methods import load_record, methods_record_path, unprobed
+
+    record = cfg["engine"].get("methods_record")
+    missing = unprobed(cfg, cfg["arms"]["methods"])
+    if not missing:
+        return []
+    probed = list(load_record(methods_record_path(cfg)).get("methods") or {})
+    return [f"field 'arms.methods': method {name} has no entry in the engine's recorded probe {record}, so nothing "
+            f"says whether this engine serves it; probe it (the record is written anew, so name its methods too): "
+            f"`specstudy engine probe-methods --config {source} --methods {' '.join([*probed, *missing])} --out {record}`"
+            for name in missing]
+
+
 def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True) -> None:
     """Raise :class:`ConfigError` listing every machine-dependent problem of an already checked config.
     ``cpus=False`` where the deployments run on other nodes than this process and no profile says which
     (the workflow parsed under a cluster executor: ``check-config --profile`` checks them)."""
-    problems = (engine_path_problems(cfg) + (client_cpu_problems(cfg, profile) if cpus else [])
-                + extension_arm_problems(cfg))
+    problems = (engine_path_problems(cfg) + method_probe_problems(cfg, source)
+                + (client_cpu_problems(cfg, profile) if cpus else []) + extension_arm_problems(cfg))
     if problems:
         raise ConfigError(f"{source}: the study cannot run as configured:\n  - " + "\n  - ".join(problems))
