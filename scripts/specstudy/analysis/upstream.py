@@ -123,7 +123,9 @@ def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json
         "name": name,
         "method": tok,
         "num_speculative_tokens": k,
-        "draft_tensor_parallel_size": variant.get("draft_tensor_parallel_size"),
+        # (left out where upstream recorded none: the deployment schema's field is an integer)
+        **({"draft_tensor_parallel_size": variant["draft_tensor_parallel_size"]}
+           if variant.get("draft_tensor_parallel_size") is not None else {}),
         # the method's own settings, as upstream recorded them
         "upstream_variant": dict(variant),
         "speculative_config": _spec_config(extra, where),
