@@ -67,8 +67,8 @@ def test_eagle3_and_dspark_map_to_arms_with_their_settings():
     assert name == "dspark-k7" and spec["method"] == "dspark"
     assert spec["speculative_config"] == json.loads(dmeta["extra"]["speculative_config"])
     assert spec["drafter"] == dmeta["extra"]["dspark_checkpoint"]
-    # not one of the project's arm methods: imported, and the spec says so
-    assert "dspark" in spec["note"] and "not one of this project's arm methods" in spec["note"]
+    # a registered method (core.methods): a project arm, no note; upstream recorded no draft TP for it
+    assert "note" not in spec and "draft_tensor_parallel_size" not in spec
 
 
 def test_any_engine_method_is_an_arm_and_a_method_without_depth_is_a_named_error():
@@ -144,8 +144,9 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     assert "target_tensor_parallel_size" not in atomic.read_json(DSPARK / "metadata.json")["extra"]
     assert dep["tensor_parallel_size"] is None and "tensor_parallel_size" in dep["provenance"]["fields_not_measured"]
     assert dep["command"] is None and "command" in dep["provenance"]["fields_not_measured"]
-    # not a project arm: said, not silently dropped by the tables
-    assert "arm 'dspark-k7' is not one of this project's arms" in captured.err
+    # dspark is a registered method (core.methods): a project arm, its record valid against the generated schema
+    assert "not one of this project's arms" not in captured.err
+    schemas.validate(dep, "deployment")
 
 
 def test_the_eagle_confirmation_cell_reproduces_upstreams_summary(tmp_path, capsys):

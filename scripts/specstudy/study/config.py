@@ -12,6 +12,7 @@ from typing import Any
 
 from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError
+from specstudy.study.engine_methods import methods_record_path
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
            "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
@@ -50,7 +51,9 @@ def _scale_model_problems(cfg: dict, source: str) -> list[str]:
 
 def _variant_problems(cfg: dict) -> list[str]:
     """``arms.variants``: each varies an arm of the factorial, once, with settings core.arms accepts."""
+    from specstudy.core import methods
     from specstudy.core.arms import arm_name, is_arm_name, override_problems, parse_arm
+    from specstudy.study.engine_methods import engine_refusal
 
     arms = cfg["arms"]
     variants = arms.get("variants") or []
@@ -58,6 +61,10 @@ def _variant_problems(cfg: dict) -> list[str]:
     seen: set[str] = set()
     for i, v in enumerate(variants):
         where = f"arms.variants[{i}]"
+        unknown = methods.method_of_unknown_arm(v["of"])
+        if unknown:
+            problems.append(methods.unknown_method(unknown, f"{where}.of"))
+            continue
         base = parse_arm(v["of"]) if is_arm_name(v["of"]) else None
         if (base is None or "variant" in base or base["method"] not in arms["methods"]
                 or base.get("num_speculative_tokens", 0) not in [0, *(arms.get("num_speculative_tokens") or [])]
@@ -65,12 +72,69 @@ def _variant_problems(cfg: dict) -> list[str]:
             problems.append(f"field '{where}.of': {v['of']!r} is not an arm of this study's factorial "
                             f"(arms.methods x num_speculative_tokens x draft_tensor_parallel_size); name one of them")
             continue
+        refused = engine_refusal(cfg, base["method"])
+        if refused:
+            problems.append(f"field '{where}.of': {v['of']!r} is an arm of method {base['method']}, which the declared "
+                            f"engine cannot serve: {refused}; vary a servable arm, or probe an engine that serves it")
+            continue
         name = arm_name({**parse_arm(v["of"]), "variant": v["name"]})
         if name in seen:
             problems.append(f"field '{where}.name': {name} is declared twice; give each variant its own name")
         seen.add(name)
         problems.extend(override_problems(where, base["method"], v.get("speculative_config"),
                                           v.get("extra_args"), v.get("env")))
+    return problems
+
+
+def _method_problems(cfg: dict, source: str) -> list[str]:
+    """``arms.methods`` (and ``arms.unservable[].method``) against the method registry (core.methods): each a
+    registered method, with the levels, settings and model directory its registration needs, and nothing the
+    engine refuses with it. A method the record says the engine refused needs no model directory: its arms are
+    skipped, never deployed. (A method the record does not cover is the pre-flight's: the probe that writes
+    the record reads this config too.)"""
+    from specstudy.core import methods
+    from specstudy.study.engine_methods import engine_refusal
+
+    arms, engine = cfg["arms"], cfg["engine"]
+    problems: list[str] = []
+    listed = []
+    for i, name in enumerate(arms["methods"]):
+        if name != methods.BASELINE and methods.find(name) is None:
+            problems.append(methods.unknown_method(name, f"arms.methods[{i}]"))
+        elif name != methods.BASELINE:
+            listed.append(methods.get(name))
+    for i, rule in enumerate(arms.get("unservable") or []):
+        if "method" in rule and rule["method"] != methods.BASELINE and methods.find(rule["method"]) is None:
+            problems.append(methods.unknown_method(rule["method"], f"arms.unservable[{i}].method"))
+    if problems:
+        return problems
+    record = engine.get("methods_record")
+    seen_sections: set[str] = set()
+    flags = [str(a) for a in (engine.get("server") or {}).get("extra_args") or []]
+    for decl in listed:
+        refused = engine_refusal(cfg, decl.name) if record and methods_record_path(cfg).is_file() else None
+        if decl.model and not refused and not (engine.get(decl.model.section) or {}).get("path"):
+            problems.append(f"field '{decl.model.field}': required for method {decl.name}; set {decl.model.what} "
+                            f"(or remove {decl.name} from arms.methods)")
+        for level in decl.levels[1:]:
+            if not arms.get(level.field):
+                problems.append(f"field 'arms.{level.field}': required for method {decl.name}; e.g. {level.example}")
+        s = decl.settings
+        if s and s.required and s.section not in seen_sections:
+            section = arms.get(s.section) or {}
+            if any(k not in section for k in s.keys):
+                problems.append(f"field 'arms.{s.section}': needs {' and '.join(s.keys)} for method {decl.name}")
+            elif s.check:
+                problems.extend(s.check(section))
+        if s:
+            seen_sections.add(s.section)
+        if not refused:
+            problems.extend(decl.forbidden_problems("engine.server", None, flags))
+    for section, s in methods.settings_sections().items():
+        owners = methods.methods_with_settings(section)
+        if not s.required and arms.get(section) and not set(owners) & set(arms["methods"]):
+            problems.append(f"field 'arms.{section}': set only with method {'/'.join(owners)} in arms.methods; add "
+                            f"{owners[0]} or remove arms.{section}")
     return problems
 
 
@@ -88,20 +152,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
     spec_methods = [m for m in methods if m != "baseline"]
     if spec_methods and not arms.get("num_speculative_tokens"):
         problems.append("field 'arms.num_speculative_tokens': required when a speculative method is listed; e.g. [2, 3, 5, 8]")
-    if "draft_model" in methods:
-        if not (cfg["engine"].get("draft") or {}).get("path"):
-            problems.append("field 'engine.draft.path': required for method draft_model; set the draft model directory")
-        if not arms.get("draft_tensor_parallel_size"):
-            problems.append("field 'arms.draft_tensor_parallel_size': required for method draft_model; e.g. [1, 4]")
-    for ngm in [m for m in ("ngram", "ngram_gpu") if m in methods][:1]:
-        ng = arms.get("ngram") or {}
-        lo, hi = ng.get("prompt_lookup_min"), ng.get("prompt_lookup_max")
-        if lo is None or hi is None:
-            problems.append(f"field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method {ngm}")
-        elif lo > hi:
-            problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
-    if arms.get("suffix") and "suffix" not in methods:
-        problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
+    problems.extend(_method_problems(cfg, source))
     problems.extend(_variant_problems(cfg))
     record = cfg["engine"].get("methods_record")
     if record and not methods_record_path(cfg).is_file():
@@ -163,16 +214,6 @@ def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]
         text = json.dumps(data, sort_keys=True, indent=1)
         out[layout.config_file(f"{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}", root)] = text
     return out
-
-
-def methods_record_path(cfg: dict) -> Path | None:
-    """``engine.methods_record``: relative to the working directory, else to the repository (as the
-    pre-registration: a study run from another directory still finds the shipped record)."""
-    record = (cfg.get("engine") or {}).get("methods_record")
-    if not record:
-        return None
-    p = Path(record)
-    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
 
 
 def resolved(cfg: dict) -> dict:
