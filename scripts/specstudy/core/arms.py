@@ -7,7 +7,8 @@ An arm is named by its method and the settings that distinguish it in the factor
 - ``ngram-k<k>``: ``ngram`` (prompt lookup) with ``num_speculative_tokens`` k;
 - ``ngram_gpu-k<k>``: ``ngram_gpu`` (prompt lookup on the accelerator) with k;
 - ``suffix-k<k>``: ``suffix`` (suffix decoding, the arctic-inference package) with at most k tokens;
-- ``eagle-k<k>``, ``eagle3-k<k>``: an EAGLE / EAGLE-3 head (``engine.eagle_head.path``) with k.
+- ``eagle-k<k>``, ``eagle3-k<k>``: an EAGLE / EAGLE-3 head (``engine.eagle_head.path``) with k;
+- ``mtp-k<k>``, ``dspark-k<k>``: the model's own multi-token-prediction layers / a DSpark drafter with k.
 
 A *variant* of an arm (``arms.variants`` in the study config) is that arm with declared extra engine
 settings — ``speculative_config`` keys (:data:`SPECULATIVE_OVERRIDES`), server flags, environment — and is
@@ -31,13 +32,13 @@ import re
 #: The arm-name alternatives, usable as a Snakemake wildcard constraint.
 #: A variant's own name (the part after ``+``).
 VARIANT_PATTERN = r"[a-z0-9][a-z0-9_-]*"
-ARM_PATTERN = (r"(?:baseline|draft-k[0-9]+-tp[0-9]+|(?:ngram|ngram_gpu|suffix|eagle|eagle3)-k[0-9]+)"
+ARM_PATTERN = (r"(?:baseline|draft-k[0-9]+-tp[0-9]+|(?:ngram|ngram_gpu|suffix|eagle|eagle3|mtp|dspark)-k[0-9]+)"
                r"(?:\+" + VARIANT_PATTERN + r")?")
 #: A whole arm name (groups: k and tp of a draft arm; the method prefix and k of any other arm; the variant).
-ARM_RE = re.compile(r"^(?:baseline|draft-k([0-9]+)-tp([0-9]+)|(ngram|ngram_gpu|suffix|eagle|eagle3)-k([0-9]+))"
+ARM_RE = re.compile(r"^(?:baseline|draft-k([0-9]+)-tp([0-9]+)|(ngram|ngram_gpu|suffix|eagle|eagle3|mtp|dspark)-k([0-9]+))"
                     r"(?:\+(" + VARIANT_PATTERN + r"))?$")
 #: Methods whose arm is named ``<method>-k<k>`` (the prefix is the vLLM method's own name).
-K_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3")
+K_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp", "dspark")
 METHODS = ("baseline", "draft_model", *K_METHODS)
 
 _UPSTREAM_RE = re.compile(r"(?:^|[-/])(baseline|draft-n(\d+)-tp(\d+)|ngram-n(\d+))(?:-|$)")
