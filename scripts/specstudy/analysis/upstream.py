@@ -1035,8 +1035,8 @@ def _console_line(s: dict) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """Import every complete cell under ``source`` (and, with ``--from-summaries``, every confirmation cell of
-    which only upstream's summary.json is present); list the incomplete ones with their missing files; write
+    """Import every complete cell under ``source`` (with ``--from-summaries``, every cell of the 8B layouts from
+    its summary.json, raw files present or not); list the incomplete ones with their missing files; write
     one deployment.json per imported deployment. Exit 2 when nothing could be imported, when a cell is
     malformed, or (``--strict``) when any cell is incomplete; else 0."""
     from_summaries = getattr(args, "from_summaries", False)
@@ -1150,7 +1150,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import-upstream",
-        help="convert the upstream study's raw cells (70B smoke, 8B sweeps and confirmation) into this project's cell format",
+        help="convert the upstream study's cells (70B smoke, 8B sweeps and confirmation; raw or, with "
+        "--from-summaries, from upstream's summaries) into this project's cell format",
         description="Convert upstream cells (requests.jsonl, metrics_{before,after}.prom, summary.json, "
         "metadata.json) into specstudy cells; the summary is recomputed from the raw files. Complete cells are "
         "imported; incomplete ones are listed with their missing files.",
@@ -1164,12 +1165,14 @@ def register(subparsers) -> None:
     p.add_argument("--phase", default="screen", choices=CORE_PHASES,
                    help="phase the cells are imported as (default screen; confirm for a confirmation set)")
     p.add_argument("--from-summaries", action="store_true",
-                   help="also import confirmation cells (<deployment>/cells/<workload>/c<c>/) of which only "
-                   "upstream's summary.json is present: every figure upstream's, definitions named, what cannot be "
-                   "recomputed null (docs/upstream-8b.md)")
+                   help="read every cell of upstream's 8B layouts (confirmation <deployment>/cells/<workload>/c<c>/, "
+                   "sweep <sweep>/<arm>/<workload>/<workload>/c<c>/) from its summary.json, raw files present or "
+                   "not: every figure upstream's, definitions named, marked summary-only, what cannot be recomputed "
+                   "null (docs/upstream-8b.md)")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL=ARM",
-                   help="arm of a summary-only deployment without metadata.json, by the variant label of its name, "
-                   "e.g. eagle31-k2=eagle3-k2 (baseline implied)")
+                   help="arm of a summary-only deployment none of whose cells has a metadata.json, by upstream's "
+                   "label of it (the variant of a confirmation deployment's name, a sweep's arm folder), e.g. "
+                   "eagle31-k2=eagle3-k2 or dspark-e10-k7=dspark-k7+e10 (baseline implied)")
     p.add_argument("--report", help="upstream's confirm-report.json: its per-deployment KV-cache tokens go into the "
                    "deployment records of summary-only deployments (named as upstream's figure)")
     p.add_argument("--source", dest="source_commit", metavar="REPO@COMMIT",
