@@ -731,8 +731,11 @@ def sweep_repeats(cells: list[Path], arms: dict[str, str] | None = None) -> dict
         if where_layout != "sweep":
             continue
         own = Path(d) / "metadata.json"
-        meta_src = (own, atomic.read_json(own)) if own.is_file() else deployment_metadata(dep_dir)
-        arm, spec, _ = _summary_arm(Path(d), meta_src, label, arms or {})
+        try:  # a cell whose arm is unknown is the cell's own error, reported when it is imported
+            meta_src = (own, atomic.read_json(own)) if own.is_file() else deployment_metadata(dep_dir)
+            arm, spec, _ = _summary_arm(Path(d), meta_src, label, arms or {})
+        except UpstreamError:
+            continue
         dep_id = _deployment_id(Path(d), meta_src[1]) if meta_src else f"{dep_dir.parent.name}/{dep_dir.name}"
         by_arm.setdefault(arm, {})[dep_id] = (spec, dep_dir)
         cells_of.setdefault(dep_id, []).append(Path(d))
