@@ -199,3 +199,24 @@ def test_tables_refuse_a_folder_they_cannot_place_naming_it_and_the_fix(imported
     with pytest.raises(TablesError, match=r"rep1-old: folder of arm eagle3-k7\+e1 whose name 'rep1-old' is not a "
                                           r"deployment"):
         collect(results)
+
+
+def test_a_sweep_deployment_without_metadata_takes_its_arm_from_the_arm_flag(tmp_path, capsys):
+    from specstudy.cli import main
+
+    sweep = tmp_path / "calibrate-z"
+    for arm in ("plain-b", "dspark-e10-k7"):
+        shutil.copytree(SWEEP / arm, sweep / arm, ignore=shutil.ignore_patterns("metadata.json"))
+    assert main(["import-upstream", str(tmp_path), str(tmp_path / "out"), "--from-summaries"]) == 2
+    err = capsys.readouterr().err
+    assert "names no arm: pass --arm dspark-e10-k7=<arm>" in err and "pass --arm plain-b=<arm>" in err
+    assert main(["import-upstream", str(tmp_path), str(tmp_path / "out"), "--from-summaries",
+                 "--arm", "plain-b=baseline", "--arm", "dspark-e10-k7=dspark-k7+e10"]) == 0
+    assert "8 cell(s) imported" in capsys.readouterr().err
+    s = atomic.read_json(tmp_path / "out" / "screen" / "dspark-k7+e10" / "rep1" / "chat" / "c1" / "summary.json")
+    assert s["upstream"]["arm_source"].startswith("--arm dspark-e10-k7=dspark-k7+e10")
+    assert s["keys"]["deployment_id"] == "calibrate-z/dspark-e10-k7"
+    # the record says what it lacks: no metadata.json, so no drafter path or TP, but the KV pool of the summaries
+    rec = atomic.read_json(tmp_path / "out" / "screen" / "dspark-k7+e10" / "rep1" / "deployment.json")
+    assert rec["arm"]["method"] == "dspark" and rec["cache_config"]["kv_cache_tokens"] == KV["dspark-k7+e10"]
+    assert "tensor_parallel_size" in rec["provenance"]["fields_not_measured"]
