@@ -103,7 +103,11 @@ def test_report_without_confirmation_or_capacity(tmp_path):
     summary = report.build(from_root(res, res / "tables"), {}, res / "report")
     md = (res / "report" / "report.md").read_text()
     assert summary["recommendation"]["decision"] == "insufficient_evidence"
-    assert "no confirm cells" in md and "No confirm comparisons." in md
+    assert "no confirm cells" in md
+    # what was left out of the comparisons, and why: the screen cells, named by arm, and the fix
+    assert "No confirm comparisons: the cells table holds no confirm cells, so every cell it holds was left out" in md
+    (why,) = [m for m in summary["recommendation"]["missing"] if m.startswith("no confirm comparisons")]
+    assert "(screen: baseline (" in why and "recommendation.phase" in why and "has the confirm phase run" not in why
     assert "Missing: no results/capacity/" in md
     assert not (res / "report" / "vllm-args.patch").exists()
 

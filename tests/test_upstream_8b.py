@@ -64,11 +64,16 @@ def test_eagle3_and_dspark_map_to_arms_with_their_settings():
 
     dmeta = atomic.read_json(DSPARK / "metadata.json")
     name, spec = upstream.arm_of(dmeta["variant"], dmeta["extra"])
-    assert name == "dspark-k7" and spec["method"] == "dspark"
+    # the checkpoint tag of upstream's sweep arm label (dspark-e10-k7) is the arm's variant
+    assert name == "dspark-k7+e10" and spec["method"] == "dspark" and spec["variant"] == "e10"
+    assert "dspark-e10-k7" in spec["variant_source"]
     assert spec["speculative_config"] == json.loads(dmeta["extra"]["speculative_config"])
     assert spec["drafter"] == dmeta["extra"]["dspark_checkpoint"]
-    # a registered method (core.methods): a project arm, no note; upstream recorded no draft TP for it
-    assert "note" not in spec and "draft_tensor_parallel_size" not in spec
+    # one of the project's arm methods now: no note, and the arm name is one core.arms parses back
+    assert "note" not in spec and "draft_tensor_parallel_size" not in spec  # upstream's null is not a TP
+    from specstudy.core.arms import parse_arm
+
+    assert parse_arm(name) == {"name": name, "method": "dspark", "num_speculative_tokens": 7, "variant": "e10"}
 
 
 def test_any_engine_method_is_an_arm_and_a_method_without_depth_is_a_named_error():
@@ -103,7 +108,7 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     rows, s, up = upstream.convert_cell(DSPARK)
     u = up["summary"]
     schemas.validate(s, "cell-summary", "converted")
-    assert s["keys"]["arm"] == "dspark-k7" and s["keys"]["method"] == "dspark" and s["keys"]["concurrency"] == 8
+    assert s["keys"]["arm"] == "dspark-k7+e10" and s["keys"]["method"] == "dspark" and s["keys"]["concurrency"] == 8
     assert s["keys"]["deployment_id"] == "calibrate-3619818-dspark-e10-k7"
     assert s["validity"]["valid"] is True and s["validity"]["throughput_valid"] is True
     assert s["requests"]["attempted"] == u["requests"]["attempted"] == 64
@@ -128,11 +133,11 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     # the sweep layout through the CLI: <out>/<arm>/rep1/<workload>/c<c>
     sweep = DATA / "results" / "8b" / "sweeps"
     assert upstream.cmd_import(_args(sweep, tmp_path / "out")) == 0
-    out = tmp_path / "out" / "screen" / "dspark-k7" / "rep1" / "probe" / "c8"
+    out = tmp_path / "out" / "screen" / "dspark-k7+e10" / "rep1" / "probe" / "c8"
     assert atomic.read_json(out / "summary.json")["upstream"]["variant"]["method"] == "dspark"
     assert (out / "metrics_after.prom").read_bytes() == (DSPARK / "metrics_after.prom").read_bytes()
     captured = capsys.readouterr()
-    assert " valid " in next(x for x in captured.out.splitlines() if x.startswith("dspark-k7"))
+    assert " valid " in next(x for x in captured.out.splitlines() if x.startswith("dspark-k7+e10"))
     # the deployment record: KV from the scrape's cache_config_info, provenance from the manifest, the rest null
     dep = atomic.read_json(out.parent.parent / "deployment.json")
     assert dep["deployment_id"] == "calibrate-3619818-dspark-e10-k7" and dep["arm"]["method"] == "dspark"
@@ -145,7 +150,7 @@ def test_the_dspark_cell_reproduces_upstreams_summary(tmp_path, capsys):
     assert dep["tensor_parallel_size"] is None and "tensor_parallel_size" in dep["provenance"]["fields_not_measured"]
     assert dep["command"] is None and "command" in dep["provenance"]["fields_not_measured"]
     # dspark is a registered method (core.methods): a project arm, its record valid against the generated schema
-    assert "not one of this project's arms" not in captured.err
+    assert "is not one of this project's arms" not in captured.err
     schemas.validate(dep, "deployment")
 
 
@@ -398,8 +403,8 @@ def test_summary_only_cells_need_the_flag_and_an_arm(tmp_path, capsys):
     # a deployment whose variant label has no arm is a named error, and nothing of it is imported
     assert main(["import-upstream", str(CONFIRM), str(tmp_path / "r"), "--phase", "confirm", "--from-summaries"]) == 2
     err = capsys.readouterr().err
-    # (the one k = 2 cell with metadata.json takes its arm from it: 18 baseline cells + 1)
-    assert "pass --arm eagle31-k2=<arm>" in err and "19 cell(s) imported" in err and "17 with errors" in err
+    # (the one k = 2 cell with metadata.json gives its deployment, block c1, its arm: 18 baseline cells + 6)
+    assert "pass --arm eagle31-k2=<arm>" in err and "24 cell(s) imported" in err and "12 with errors" in err
     # that cell's raw files are in the source, but beside summary-only pairs it is read from its summary.json
     assert f"note: {K2_CELL}: its raw files are in the source but this --from-summaries import read it" in err
     # a mapping that contradicts the cell's metadata.json is refused

@@ -586,18 +586,39 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _unplaceable(folder: Path, what: str) -> TablesError:
+    from specstudy.core.arms import K_METHODS
+
+    return TablesError(
+        f"{folder}: {what}, so `specstudy tables` cannot place its cells and would leave them out of every table. "
+        f"An arm folder is named baseline, draft-k<N>-tp<N> or <method>-k<N> with <method> one of "
+        f"{', '.join(K_METHODS)} (a variant adds +<name>: dspark-k7+e10), and holds rep<N>/drift<N> deployment "
+        "folders. Fix: rename the folder to the arm it holds (re-import an upstream set with `specstudy "
+        "import-upstream`, which names arms so), add an unregistered method to core/arms.py, or move the folder "
+        "out of the results root")
+
+
 def _arm_dirs(results: Path):
-    """Every deployment folder ``<phase>/<arm>/<rep>`` of a results tree (core phases, arm names only)."""
+    """Every deployment folder ``<phase>/<arm>/<rep>`` of a results tree (core phases). A folder there that is
+    not an arm (besides the confirmation rounds and hidden folders), or an arm's folder that is not a
+    deployment, is an error naming it: no cell is left out of the tables in silence."""
+    rounds = Path(layout.confirm_rounds_dir(results))
     for phase in PHASES:
         pdir = results / phase
         if not pdir.is_dir():
             continue
         for adir in sorted(pdir.iterdir()):
-            if not (adir.is_dir() and ARM_RE.match(adir.name)):
+            if not adir.is_dir() or adir.name.startswith(".") or adir == rounds:
                 continue
+            if not ARM_RE.match(adir.name):
+                raise _unplaceable(adir, f"folder of phase {phase} whose name {adir.name!r} is not an arm name")
             for rdir in sorted(adir.iterdir()):
-                if rdir.is_dir() and layout.matches("deployment_dir", rdir):
-                    yield layout.parse_deployment_dir(rdir)
+                if not rdir.is_dir() or rdir.name.startswith("."):
+                    continue
+                if not layout.matches("deployment_dir", rdir):
+                    raise _unplaceable(rdir, f"folder of arm {adir.name} whose name {rdir.name!r} is not a "
+                                             "deployment (rep<N> or drift<N>)")
+                yield layout.parse_deployment_dir(rdir)
 
 
 def _cell_summaries(dep: layout.Deployment) -> list[Path]:

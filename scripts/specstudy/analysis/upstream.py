@@ -88,13 +88,28 @@ def _method_token(method: str) -> str:
     return tok
 
 
+def checkpoint_tag(label: str | None, method: str, k: int) -> str | None:
+    """The variant tag of an upstream sweep arm: its label (``extra.sweep_arm``, e.g. ``dspark-e10-k7``) less
+    the method's name (``dspark``; ``eagle`` for ``eagle3``) and the depth (``k7``): ``e10``. None when nothing
+    is left (``eagle31-k2``) or there is no label. Two checkpoints of one method and depth are two arms this way
+    (``dspark-k7+e10``, ``dspark-k7+e3``), named as core.arms names a variant."""
+    if not label:
+        return None
+    rest = [tok for tok in str(label).lower().split("-")
+            if tok and tok != f"k{k}" and not (tok == method or method.startswith(tok) or tok.startswith(method))]
+    tag = re.sub(r"[^a-z0-9_-]+", "-", "-".join(rest)).strip("-_")
+    return tag or None
+
+
 def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json") -> tuple[str, dict]:
     """Our arm name and arm spec for an upstream ``metadata.variant`` (and ``metadata.extra``).
 
     ``none``/``baseline`` -> ``baseline``; ``draft_model`` -> ``draft-k<k>-tp<tp>``; every other method the
     engine names (``ngram``, ``eagle3``, ``dspark``, ...) -> ``<method>-k<k>``, with the method's own
     speculative settings recorded in the spec (``upstream_variant``, ``speculative_config``, the drafter's
-    checkpoint). A method without ``num_speculative_tokens`` is an error naming the field."""
+    checkpoint) and, for a sweep arm, the checkpoint tag of upstream's arm label as the arm's variant
+    (``dspark-e10-k7`` -> ``dspark-k7+e10``, :func:`checkpoint_tag`). A method without
+    ``num_speculative_tokens`` is an error naming the field."""
     extra = extra or {}
     method = variant.get("method")
     k = variant.get("num_speculative_tokens")
@@ -118,22 +133,29 @@ def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json
                             "speculative arm needs its depth (a positive integer)")
     tok = _method_token(method)
     registered = methods.find(tok) is not None and methods.get(tok).levels == (methods.K,)  # named <method>-k<k>
-    name = arm_name({"method": tok, "num_speculative_tokens": k}) if registered else f"{tok}-k{k}"
+    tag = checkpoint_tag(extra.get("sweep_arm"), tok, k)
+    base = arm_name({"method": tok, "num_speculative_tokens": k}) if registered else f"{tok}-k{k}"
+    name = f"{base}+{tag}" if tag else base
     spec = {
         "name": name,
         "method": tok,
         "num_speculative_tokens": k,
-        # (left out where upstream recorded none: the deployment schema's field is an integer)
-        **({"draft_tensor_parallel_size": variant["draft_tensor_parallel_size"]}
-           if variant.get("draft_tensor_parallel_size") is not None else {}),
         # the method's own settings, as upstream recorded them
         "upstream_variant": dict(variant),
         "speculative_config": _spec_config(extra, where),
         "drafter": next((extra[f] for f in DRAFTER_FIELDS if extra.get(f)), None),
     }
+    if variant.get("draft_tensor_parallel_size") is not None:
+        # (left out where upstream recorded none: the deployment schema's field is an integer)
+        spec["draft_tensor_parallel_size"] = variant["draft_tensor_parallel_size"]
+    if tag:
+        spec["variant"] = tag
+        spec["variant_source"] = (f"upstream's sweep arm label {extra.get('sweep_arm')!r} (metadata extra.sweep_arm) "
+                                  f"less the method and the depth: the drafter checkpoint's tag")
     if not registered:
         spec["note"] = (f"method {method!r} is not one of this project's arm methods ({', '.join(methods.arm_methods())}); "
-                        f"imported as arm {name!r} with its settings under upstream_variant/speculative_config")
+                        f"imported as arm {name!r} with its settings under upstream_variant/speculative_config, but "
+                        "`specstudy tables` refuses its folder until the method is registered (core/methods.py)")
     return name, spec
 
 
@@ -267,9 +289,11 @@ def repeat_of(meta: dict, where: Path) -> int:
     return _block_number(block, where)
 
 
-def convert_cell(cell_dir: str | Path, phase: str = "screen") -> tuple[list[dict], dict, dict]:
+def convert_cell(cell_dir: str | Path, phase: str = "screen", rep: int | None = None,
+                 rep_source: str | None = None) -> tuple[list[dict], dict, dict]:
     """Return (our request rows, our summary, raw upstream bundle) for one upstream cell; ``phase`` is the
-    phase key the summary carries (``screen``, or ``confirm`` for a confirmation set)."""
+    phase key the summary carries (``screen``, or ``confirm`` for a confirmation set); ``rep`` the deployment
+    repeat where the caller numbered it (:func:`sweep_repeats`), else the block or ``cell.repeat``."""
     up = load_cell(cell_dir)
     meta = up["metadata"]
     meta_path = Path(cell_dir) / "metadata.json"
@@ -289,7 +313,7 @@ def convert_cell(cell_dir: str | Path, phase: str = "screen") -> tuple[list[dict
         "method": arm_spec["method"],
         "num_speculative_tokens": arm_spec.get("num_speculative_tokens"),
         "draft_tensor_parallel_size": arm_spec.get("draft_tensor_parallel_size"),
-        "rep": repeat_of(meta, meta_path),
+        "rep": repeat_of(meta, meta_path) if rep is None else rep,
         "workload": c["workload"],
         "concurrency": int(c["concurrency"]),
         "deployment_id": _deployment_id(Path(cell_dir), meta),
@@ -341,6 +365,8 @@ def convert_cell(cell_dir: str | Path, phase: str = "screen") -> tuple[list[dict
         "harness_git_revision": meta.get("harness_git_revision"),
         "block_id": (meta.get("extra") or {}).get("block_id"),
         "cell_repeat": c.get("repeat"),
+        "repeat_source": rep_source or ("metadata extra.block_id" if (meta.get("extra") or {}).get("block_id")
+                                        else "metadata cell.repeat"),
         "raw_artifacts": [n for n in RAW_ARTIFACTS if (Path(cell_dir) / n).is_file()],
         "definition_differences": DEFINITION_NOTES,
         # the wall time this summary uses is upstream's; the one the rows give is beside it
@@ -390,12 +416,13 @@ def _refuse_other_deployment(out: Path, keys: dict, cell_dir: Path) -> None:
                 "depth share an arm name), or remove the old cell")
 
 
-def import_cell(cell_dir: str | Path, results: str | Path, phase: str = "screen") -> Path:
+def import_cell(cell_dir: str | Path, results: str | Path, phase: str = "screen", rep: int | None = None,
+                rep_source: str | None = None) -> Path:
     """Write the converted cell to ``<results>/<phase>/<arm>/rep<r>/<workload>/c<c>/`` and return that path.
 
     The raw artifacts (``metrics_timeseries.jsonl``) are copied verbatim beside it. A path already holding
     a cell of another upstream deployment is an error (two blocks must never overwrite each other)."""
-    rows, summary, up = convert_cell(cell_dir, phase)
+    rows, summary, up = convert_cell(cell_dir, phase, rep, rep_source)
     k = summary["keys"]
     out = cell_out_dir(results, k)
     _refuse_other_deployment(out, k, Path(cell_dir))
@@ -439,25 +466,28 @@ SUMMARY_NOT_RECOMPUTED = {
 }
 
 
-# A raw confirmation cell met by a --from-summaries import of a set that also holds summary-only cells is read
-# from its summary.json as well: one E2E/TPOT definition (upstream's) across every cell the comparison pairs.
+# With --from-summaries every cell of an 8B layout is read from its summary.json, raw files present or not: one
+# E2E/TPOT definition (upstream's) across every cell a comparison pairs, and no multi-MB request file read.
 RAW_READ_AS_SUMMARY_NOTE = (
     "summary-level import: this cell's requests.jsonl and /metrics scrapes ARE in the source but were not read, "
-    "because --from-summaries met a set that also holds summary-only cells; a raw cell would carry the project's "
-    "E2E/TPOT (to the last content event) beside its pairs' upstream definitions, a silent mix. Import it without "
-    "--from-summaries to recompute it from the raw files; the figures are upstream's summary.json. ")
-RAW_NOT_READ_SERVER_DELTAS = ("null: the /metrics scrapes are in the source but were not read (summary-level import "
-                              "of a set that holds summary-only cells)")
+    "because the import was asked to read upstream's summaries (--from-summaries); a raw cell beside summary-only "
+    "ones would carry the project's E2E/TPOT (to the last content event) beside its pairs' upstream definitions, "
+    "a silent mix. Import it without --from-summaries to recompute it from the raw files; the figures are "
+    "upstream's summary.json. ")
+RAW_NOT_READ_SERVER_DELTAS = ("null: the /metrics scrapes are in the source but were not read (summary-level import, "
+                              "--from-summaries)")
 
 
-def raw_confirm_cells(cells: list[Path]) -> list[Path]:
-    """The complete raw cells among ``cells`` that sit in upstream's confirmation layout
-    (``<deployment>/cells/<workload>/c<c>/``), i.e. the ones :func:`convert_summary` can also read."""
+def raw_layout_cells(cells: list[Path]) -> list[Path]:
+    """The complete raw cells among ``cells`` that sit in one of upstream's 8B layouts (confirmation or sweep,
+    :func:`upstream_deployment`), i.e. the ones :func:`convert_summary` can also read."""
     out = []
     for d in cells:
-        parts = Path(d).parts
-        if (len(parts) >= 4 and parts[-3] == "cells" and re.fullmatch(r"c[0-9]+", Path(d).name)
-                and all((Path(d) / f).is_file() for f in REQUIRED_FILES)):
+        try:
+            upstream_deployment(Path(d))
+        except UpstreamError:
+            continue
+        if all((Path(d) / f).is_file() for f in REQUIRED_FILES):
             out.append(Path(d))
     return out
 
@@ -474,68 +504,144 @@ def _is_summary_only_dir(d: Path) -> bool:
     return (d / "summary.json").is_file() and not any((d / f).is_file() for f in REQUIRED_FILES[:3])
 
 
-def _summary_arm(cell_dir: Path, dep: str, meta: dict | None, arms: dict[str, str]) -> tuple[str, dict, str]:
-    """Arm name, spec and where it came from, for a summary-only cell: the cell's metadata.json when present,
-    else the variant label of the deployment name through ``arms`` (``--arm LABEL=ARM``; baseline implied)."""
-    parsed = parse_confirm_deployment(dep)
-    label = parsed["variant"] if parsed else None
-    if meta is not None:
-        name, spec = arm_of(meta["variant"], meta.get("extra"), str(cell_dir / "metadata.json"))
+def upstream_deployment(cell_dir: Path) -> tuple[Path, str, str | None]:
+    """(the upstream deployment's directory, its layout, upstream's label of it) for a cell directory:
+    confirmation ``<deployment>/cells/<workload>/c<c>`` (label: the variant of the deployment name, e.g.
+    ``eagle31-k2``), sweep ``<sweep>/<arm>/<workload>/<workload>/c<c>`` or ``<sweep>/<arm>/probe`` (label: the
+    sweep arm, e.g. ``dspark-e10-k7``). Anything else is an error naming the directory and the layouts."""
+    d = Path(cell_dir)
+    parts = d.parts
+    if len(parts) >= 4 and parts[-3] == "cells" and re.fullmatch(r"c[0-9]+", d.name):
+        parsed = parse_confirm_deployment(parts[-4])
+        return d.parents[2], "confirm", parsed["variant"] if parsed else None
+    if len(parts) >= 5 and re.fullmatch(r"c[0-9]+", d.name) and parts[-2] == parts[-3]:
+        return d.parents[2], "sweep", parts[-4]
+    if d.name == "probe" and len(parts) >= 3:
+        return d.parent, "sweep", parts[-2]
+    raise UpstreamError(f"{d}: not in one of upstream's 8B layouts: confirmation <deployment>/cells/<workload>/"
+                        "c<concurrency>/ or sweep <sweep>/<arm>/<workload>/<workload>/c<concurrency>/ (or <arm>/probe/); "
+                        "a cell elsewhere needs its raw files (import without --from-summaries)")
+
+
+def deployment_metadata(dep_dir: Path) -> tuple[Path, dict] | None:
+    """The ``metadata.json`` of any cell of an upstream deployment (its variant and settings are the
+    deployment's); None when no cell has one. Cells that disagree on the variant, the speculative config or the
+    deployment id are an error naming both files."""
+    found = sorted(Path(dep_dir).rglob("metadata.json"))
+    if not found:
+        return None
+    first = (found[0], atomic.read_json(found[0]))
+
+    def ident(m):
+        ex = m.get("extra") or {}
+        return m.get("variant"), ex.get("speculative_config"), ex.get("deployment_id")
+
+    for f in found[1:]:
+        other = atomic.read_json(f)
+        if ident(other) != ident(first[1]):
+            raise UpstreamError(f"{f}: fields 'variant'/'extra.speculative_config'/'extra.deployment_id' differ from "
+                                f"{first[0]}: one upstream deployment directory holds cells of two deployments; "
+                                "re-copy the cells or import them separately")
+    return first
+
+
+def _summary_arm(cell_dir: Path, meta_src: tuple[Path, dict] | None, label: str | None,
+                 arms: dict[str, str]) -> tuple[str, dict, str]:
+    """Arm name, spec and where it came from, for a summary-only cell: the variant of a metadata.json of its
+    deployment (the cell's own, else another cell's of the same upstream deployment), else upstream's label of
+    the deployment through ``arms`` (``--arm LABEL=ARM``; baseline implied for the label ``baseline``)."""
+    if meta_src is not None:
+        mpath, meta = meta_src
+        if "variant" not in meta:
+            raise UpstreamError(f"{mpath}: missing field 'variant' (upstream's method and depth); re-copy metadata.json")
+        name, spec = arm_of(meta["variant"], meta.get("extra"), str(mpath))
         given = {"baseline": "baseline", **arms}.get(label)
         if given is not None and given != name:
-            raise UpstreamError(f"{cell_dir / 'metadata.json'}: field 'variant' maps to arm {name!r}, but --arm "
+            raise UpstreamError(f"{mpath}: field 'variant' maps to arm {name!r}, but --arm "
                                 f"{label}={given} says {given!r}; fix the --arm mapping")
-        return name, spec, f"metadata.json variant ({cell_dir / 'metadata.json'})"
+        return name, spec, f"metadata.json variant ({mpath})"
     if label == "baseline":
-        return "baseline", {"name": "baseline", "method": "baseline"}, f"deployment name {dep!r} (variant 'baseline')"
+        return "baseline", {"name": "baseline", "method": "baseline"}, f"deployment label {label!r}"
     if label is None or label not in arms:
-        raise UpstreamError(f"{cell_dir}: summary-only cell without metadata.json, and its deployment {dep!r} has no "
-                            f"arm: pass --arm {label or '<variant label>'}=<arm> (e.g. --arm eagle31-k2=eagle3-k2; "
-                            f"known: {sorted(arms) or 'none'})")
+        raise UpstreamError(f"{cell_dir}: summary-only cell without a metadata.json in its deployment, and upstream's "
+                            f"label of the deployment ({label!r}) names no arm: pass --arm {label or '<label>'}=<arm> "
+                            f"(e.g. --arm eagle31-k2=eagle3-k2, --arm dspark-e10-k7=dspark-k7+e10; known: "
+                            f"{sorted(arms) or 'none'})")
     from specstudy.core.arms import parse_arm
 
     try:
         spec = parse_arm(arms[label])
     except ValueError as exc:
         raise UpstreamError(f"--arm {label}={arms[label]}: {exc}") from None
-    return spec["name"], spec, f"--arm {label}={arms[label]} (deployment name {dep!r}; no metadata.json in this cell)"
+    return spec["name"], spec, f"--arm {label}={arms[label]} (no metadata.json in this deployment)"
 
 
-def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str, str] | None = None) -> dict:
-    """Our summary for an upstream confirmation cell of which only ``summary.json`` (and perhaps
-    ``metadata.json``) is present: ``<deployment>/cells/<workload>/c<c>/``. Every figure is upstream's, with
+def _field(up: dict, path: str, where: Path, kind=float):
+    """``up[a][b]...`` for the dotted ``path``, a number (``kind``); an error naming the file and the field."""
+    node = up
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise UpstreamError(f"{where}: upstream summary lacks field '{path}'; re-copy it from the upstream run")
+        node = node[key]
+    if isinstance(node, bool) or not isinstance(node, int | float) or (kind is int and node != int(node)):
+        raise UpstreamError(f"{where}: field '{path}' = {node!r} is not a{'n integer' if kind is int else ' number'}; "
+                            "re-copy summary.json from the upstream run")
+    return int(node) if kind is int else node
+
+
+def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str, str] | None = None,
+                    rep: int | None = None, rep_source: str | None = None) -> dict:
+    """Our summary for an upstream cell of which only ``summary.json`` (and perhaps ``metadata.json``) is read,
+    in the confirmation layout ``<deployment>/cells/<workload>/c<c>/`` or the sweep layout
+    ``<sweep>/<arm>/<workload>/<workload>/c<c>/`` (:func:`upstream_deployment`). Every figure is upstream's, with
     its definition named (:data:`SUMMARY_ONLY_NOTE`); what cannot be recomputed is null or listed in
-    ``upstream.not_recomputed``. Validity applies the one rule a summary allows (success rate)."""
+    ``upstream.not_recomputed``. Validity applies the one rule a summary allows (success rate). ``rep``: the
+    deployment repeat when the caller numbered it (:func:`sweep_repeats`); else the block (confirmation) or
+    ``cell.repeat``."""
     d = Path(cell_dir)
-    parts = d.parts
-    if len(parts) < 4 or parts[-3] != "cells" or not re.fullmatch(r"c[0-9]+", d.name):
-        raise UpstreamError(f"{d}: a summary-only cell must sit at <deployment>/cells/<workload>/c<concurrency>/ "
-                            "(upstream's confirmation layout); other layouts need the raw files")
-    dep = parts[-4]
-    meta = atomic.read_json(d / "metadata.json") if (d / "metadata.json").is_file() else None
-    arm, spec, arm_source = _summary_arm(d, dep, meta, arms or {})
-    parsed = parse_confirm_deployment(dep)
-    if meta is not None:
+    dep_dir, where_layout, label = upstream_deployment(d)
+    own = (d / "metadata.json", atomic.read_json(d / "metadata.json")) if (d / "metadata.json").is_file() else None
+    meta_src = own or deployment_metadata(dep_dir)
+    meta = own[1] if own else None
+    arm, spec, arm_source = _summary_arm(d, meta_src, label, arms or {})
+    dep_meta = meta_src[1] if meta_src else None
+    parsed = parse_confirm_deployment(dep_dir.name) if where_layout == "confirm" else None
+    if rep is not None:
+        rep_source = rep_source or "given by the caller"
+    elif meta is not None:
         rep = repeat_of(meta, d / "metadata.json")
-        dep_id = _deployment_id(d, meta)
+        rep_source = "metadata extra.block_id" if (meta.get("extra") or {}).get("block_id") else "metadata cell.repeat"
     elif parsed is not None:
-        rep, dep_id = parsed["rep"], dep
+        rep, rep_source = parsed["rep"], f"the block of the deployment name {dep_dir.name!r}"
+    elif where_layout == "sweep":
+        rep, rep_source = 1, "a sweep deployment's cells are repeat 1"
     else:
-        raise UpstreamError(f"{d}: deployment {dep!r} names no block (-confirm-c<N>-) and the cell has no metadata.json "
-                            "with extra.block_id: the repeat is unknown")
-    up = atomic.read_json(d / "summary.json")
-    try:
-        req, tok, lat = up["requests"], up["tokens"], up["latency_ms"]
-        sd = up.get("speculative_decoding") or {}
-        attempted, successful = int(req["attempted"]), int(req["successful"])
-        rate = req["success_rate"]
-        completion, prompt = int(tok["completion"]), int(tok["prompt"])
-        otps = tok["output_tokens_per_second"]
-        dists = {m: {k: lat[m][k] for k in ("count", "mean", "p50", "p95", "p99")}
-                 for m in ("ttft", "tpot", "e2e", "stream_event_gap")}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UpstreamError(f"{d / 'summary.json'}: upstream summary lacks field {exc} (need requests, tokens, "
-                            "latency_ms.{ttft,tpot,e2e,stream_event_gap}); re-copy it from the upstream run") from None
+        raise UpstreamError(f"{d}: deployment {dep_dir.name!r} names no block (-confirm-c<N>-) and the cell has no "
+                            "metadata.json with extra.block_id: the repeat is unknown")
+    dep_id = _deployment_id(d, dep_meta) if dep_meta is not None else (
+        dep_dir.name if where_layout == "confirm" else f"{dep_dir.parent.name}/{dep_dir.name}")
+    c = (meta or {}).get("cell") or {}
+    if d.name == "probe":
+        if not c:
+            raise UpstreamError(f"{d}: a probe cell names its workload and concurrency only in its metadata.json "
+                                "(field 'cell'), which is missing; re-copy it")
+        workload, conc = c.get("workload"), int(c.get("concurrency"))
+    else:
+        workload, conc = d.parts[-2], int(d.name[1:])
+    where = d / "summary.json"
+    up = atomic.read_json(where)
+    if not isinstance(up, dict):
+        raise UpstreamError(f"{where}: not a JSON object; re-copy summary.json from the upstream run")
+    attempted = _field(up, "requests.attempted", where, int)
+    successful = _field(up, "requests.successful", where, int)
+    rate = _field(up, "requests.success_rate", where)
+    completion = _field(up, "tokens.completion", where, int)
+    prompt = _field(up, "tokens.prompt", where, int)
+    otps = _field(up, "tokens.output_tokens_per_second", where)
+    dists = {m: {k: _field(up, f"latency_ms.{m}.{k}", where, int if k == "count" else float)
+                 for k in ("count", "mean", "p50", "p95", "p99")}
+             for m in ("ttft", "tpot", "e2e", "stream_event_gap")}
+    req, sd = up["requests"], up.get("speculative_decoding") or {}
     reasons = []
     if rate is None or rate < cell.DEFAULT_THRESHOLDS["min_success_rate"]:
         reasons.append(cell._reason("low_success_rate", f"upstream: {successful}/{attempted} requests succeeded (success "
@@ -554,8 +660,8 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
                             f"{arm!r}: a speculative arm without speculation cannot be imported as valid")
     c = (meta or {}).get("cell") or {}
     keys = {"phase": phase, "arm": arm, "method": spec["method"], "num_speculative_tokens": spec.get("num_speculative_tokens"),
-            "draft_tensor_parallel_size": spec.get("draft_tensor_parallel_size"), "rep": rep, "workload": parts[-2],
-            "concurrency": int(d.name[1:]), "deployment_id": dep_id}
+            "draft_tensor_parallel_size": spec.get("draft_tensor_parallel_size"), "rep": rep, "workload": workload,
+            "concurrency": conc, "deployment_id": dep_id}
     if c and (c.get("workload") != keys["workload"] or int(c.get("concurrency", -1)) != keys["concurrency"]):
         raise UpstreamError(f"{d / 'metadata.json'}: field 'cell' names {c.get('workload')}/c{c.get('concurrency')}, the "
                             f"directory {keys['workload']}/c{keys['concurrency']}")
@@ -590,6 +696,9 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
             "arm_source": arm_source,
             "arm_spec": spec,
             "block_id": ((meta or {}).get("extra") or {}).get("block_id") or (parsed or {}).get("block"),
+            "layout": where_layout,
+            "repeat_source": rep_source,
+            "deployment_label": label,
             "definitions": note_text,
             "raw_files_not_read": raw_present,
             "not_recomputed": SUMMARY_NOT_RECOMPUTED,
@@ -601,13 +710,62 @@ def convert_summary(cell_dir: str | Path, phase: str = "confirm", arms: dict[str
     return summary
 
 
+def _settings(spec: dict) -> dict:
+    """What makes two deployments the same arm: the spec less its name, notes and upstream's label."""
+    out = {k: v for k, v in spec.items() if k not in ("name", "note", "variant_source", "upstream_variant")}
+    out["upstream_variant"] = {k: v for k, v in (spec.get("upstream_variant") or {}).items() if k != "name"}
+    return out
+
+
+def sweep_repeats(cells: list[Path], arms: dict[str, str] | None = None) -> dict[Path, dict]:
+    """``{cell directory: {"rep", "source"}}`` for the cells of sweep-layout deployments among ``cells``:
+    deployments of one arm with identical settings (upstream's two plain arms ``plain-a``/``plain-b`` of a
+    calibration sweep, both the baseline) are that arm's repeats 1..n, in the order of their deployment ids.
+    Deployments that map to one arm name with different settings are an error naming both (they would be one
+    arm in the tables). Confirmation deployments are numbered by their blocks and are not listed."""
+    by_arm: dict[str, dict[str, tuple[dict, Path]]] = {}
+    cells_of: dict[str, list[Path]] = {}
+    for d in cells:
+        try:
+            dep_dir, where_layout, label = upstream_deployment(Path(d))
+        except UpstreamError:
+            continue
+        if where_layout != "sweep":
+            continue
+        own = Path(d) / "metadata.json"
+        try:  # a cell whose arm is unknown is the cell's own error, reported when it is imported
+            meta_src = (own, atomic.read_json(own)) if own.is_file() else deployment_metadata(dep_dir)
+            arm, spec, _ = _summary_arm(Path(d), meta_src, label, arms or {})
+        except UpstreamError:
+            continue
+        dep_id = _deployment_id(Path(d), meta_src[1]) if meta_src else f"{dep_dir.parent.name}/{dep_dir.name}"
+        by_arm.setdefault(arm, {})[dep_id] = (spec, dep_dir)
+        cells_of.setdefault(dep_id, []).append(Path(d))
+    out = {}
+    for arm, deps in sorted(by_arm.items()):
+        ids = sorted(deps)
+        first_spec, first_dir = deps[ids[0]]
+        for other in ids[1:]:
+            if _settings(deps[other][0]) != _settings(first_spec):
+                raise UpstreamError(f"{deps[other][1]} and {first_dir}: two upstream deployments map to arm {arm!r} "
+                                    "with different settings (compare their metadata.json variant and "
+                                    "extra.speculative_config); import them into separate output roots")
+        for i, dep_id in enumerate(ids, 1):
+            source = (f"upstream sweep deployments {', '.join(ids)} share arm {arm!r} with identical settings: "
+                      f"repeats 1..{len(ids)} in the order of their deployment ids" if len(ids) > 1 else
+                      f"the one upstream sweep deployment of arm {arm!r}: repeat 1")
+            for d in cells_of[dep_id]:
+                out[d] = {"rep": i, "source": source}
+    return out
+
+
 def import_summary(cell_dir: str | Path, results: str | Path, phase: str = "confirm",
-                   arms: dict[str, str] | None = None) -> Path:
+                   arms: dict[str, str] | None = None, rep: int | None = None, rep_source: str | None = None) -> Path:
     """Write a summary-only cell (:func:`convert_summary`) to ``<results>/<phase>/<arm>/rep<r>/<workload>/c<c>/``;
     upstream's metadata.json (when present) is kept as ``upstream_metadata.json``."""
     from specstudy.core.integrity import seal
 
-    summary = convert_summary(cell_dir, phase, arms)
+    summary = convert_summary(cell_dir, phase, arms, rep, rep_source)
     out = cell_out_dir(results, summary["keys"])
     _refuse_other_deployment(out, summary["keys"], Path(cell_dir))
     if (Path(cell_dir) / "metadata.json").is_file():
@@ -712,6 +870,14 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
             if (c["src"] / name).is_file():
                 files.append(prov.file(c["src"] / name))
     meta = next((atomic.read_json(c["src"] / "metadata.json") for c in cells if (c["src"] / "metadata.json").is_file()), None)
+    if meta is None:  # a summary-only deployment whose read cells lack metadata.json: another cell's of it
+        try:
+            found = deployment_metadata(upstream_deployment(first["src"])[0])
+        except UpstreamError:
+            found = None
+        if found is not None:
+            meta = found[1]
+            files.append(prov.file(found[0]))
     extra = (meta or {}).get("extra") or {}
     cache_config, cache_source = None, None
     raw = next((c for c in cells if "metrics_before.prom" in read[id(c)] and (c["src"] / "metrics_before.prom").is_file()),
@@ -719,6 +885,26 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
     if raw is not None:
         cache_config = prom.kv_cache_config((raw["src"] / "metrics_before.prom").read_text(encoding="utf-8"))
         cache_source = f"vllm:cache_config_info of upstream's scrape {raw['src'] / 'metrics_before.prom'}"
+    if cache_config is None:  # upstream's own figure: each summary.json's load.kv_cache_size_tokens
+        stated = {}
+        for c in cells:
+            load = ((c["summary"]["upstream"].get("summary") or {}).get("load") or {})
+            if load.get("kv_cache_size_tokens") is not None:
+                stated[c["src"] / "summary.json"] = load["kv_cache_size_tokens"]
+        for f, v in stated.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v <= 0:
+                raise UpstreamError(f"{f}: field 'load.kv_cache_size_tokens' = {v!r} is not a positive token count; "
+                                    "re-copy summary.json from the upstream run")
+        if len(set(stated.values())) > 1:
+            shown = ", ".join(f"{f}: {v}" for f, v in sorted(stated.items()))
+            raise UpstreamError(f"field 'load.kv_cache_size_tokens' differs between the cells of deployment {deps[0]!r} "
+                                f"({shown}): one deployment has one KV pool; check that these cells belong together")
+        if stated:
+            kv = int(next(iter(stated.values())))
+            cache_config = {"num_gpu_blocks": None, "block_size": None, "kv_cache_tokens": kv}
+            cache_source = (f"upstream's stated figure: load.kv_cache_size_tokens of {len(stated)} summary.json "
+                            f"file(s) of this deployment, all {kv} (e.g. {sorted(stated)[0]}); num_gpu_blocks and "
+                            "block_size not stated")
     up_report = None
     if cache_config is None and report is not None:
         rpath, rdata = report
@@ -730,7 +916,8 @@ def deployment_record(cells: list[dict], prov: Provenance, report: tuple[Path, d
                 cache_source = (f"upstream's stated figure: {rpath} deployments[{deps[0]!r}].kv_cache_tokens "
                                 "(num_gpu_blocks and block_size not stated)")
     if cache_config is None:
-        not_measured["cache_config"] = "null: no /metrics scrape in the source and no --report entry for this deployment"
+        not_measured["cache_config"] = ("null: no /metrics scrape in the source, no load.kv_cache_size_tokens in its "
+                                        "summaries and no --report entry for this deployment")
     tp_target = extra.get("target_tensor_parallel_size")
     tp = None
     if tp_target is not None:
@@ -853,8 +1040,8 @@ def _console_line(s: dict) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """Import every complete cell under ``source`` (and, with ``--from-summaries``, every confirmation cell of
-    which only upstream's summary.json is present); list the incomplete ones with their missing files; write
+    """Import every complete cell under ``source`` (with ``--from-summaries``, every cell of the 8B layouts from
+    its summary.json, raw files present or not); list the incomplete ones with their missing files; write
     one deployment.json per imported deployment. Exit 2 when nothing could be imported, when a cell is
     malformed, or (``--strict``) when any cell is incomplete; else 0."""
     from_summaries = getattr(args, "from_summaries", False)
@@ -873,9 +1060,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         extra = [d for d in ([root] if root.is_dir() else []) + sorted(p.parent for p in root.rglob("summary.json"))
                  if _is_summary_only_dir(d)]
         cells = sorted(set(cells) | set(extra))
-    # a summary-level import of a set that also holds raw confirmation cells reads those from summary.json too,
-    # so that no comparison pairs the project's E2E/TPOT with upstream's (RAW_READ_AS_SUMMARY_NOTE)
-    as_summary = set(raw_confirm_cells(cells)) if from_summaries and extra else set()
+    # a summary-level import reads the raw cells of the 8B layouts from summary.json too, so that no comparison
+    # pairs the project's E2E/TPOT with upstream's and no multi-MB request file is read (RAW_READ_AS_SUMMARY_NOTE)
+    as_summary = set(raw_layout_cells(cells)) if from_summaries else set()
     if not cells:
         print(f"error: {args.source}: no upstream cell found (a cell directory contains {list(REQUIRED_FILES)}"
               + ("" if from_summaries else "; a confirmation set of summary.json files only needs --from-summaries")
@@ -886,22 +1073,29 @@ def cmd_import(args: argparse.Namespace) -> int:
     sub = (f"{'':<14} {'':<3} {'':<10} {'':<3} {'':<8} {'':<6} {'':<6} {'up wall':>8} {'rows':>8} {'':>8} {'ours':>8} "
            f"{'up':>8} {'ours':>7} {'up':>7}")
     imported, incomplete, errors, written = [], [], [], []
+    try:  # sweep deployments of one arm with identical settings are its repeats (plain-a, plain-b)
+        reps = sweep_repeats([d for d in cells if (d / "summary.json").is_file() or (d / "metadata.json").is_file()],
+                             arms)
+    except (UpstreamError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for d in cells:
         summary_only = from_summaries and (_is_summary_only_dir(d) or d in as_summary)
+        r = reps.get(d) or {}
         try:
             if summary_only:
                 if args.out:
-                    out = import_summary(d, args.out, args.phase, arms)
+                    out = import_summary(d, args.out, args.phase, arms, r.get("rep"), r.get("source"))
                     s = atomic.read_json(out / layout.CELL_SUMMARY)
                 else:
-                    out, s = None, convert_summary(d, args.phase, arms)
+                    out, s = None, convert_summary(d, args.phase, arms, r.get("rep"), r.get("source"))
                 arm_spec = s["upstream"]["arm_spec"]
             else:
                 if args.out:
-                    out = import_cell(d, args.out, args.phase)
+                    out = import_cell(d, args.out, args.phase, r.get("rep"), r.get("source"))
                     s = atomic.read_json(out / layout.CELL_SUMMARY)
                 else:
-                    out, s = None, convert_cell(d, args.phase)[1]
+                    out, s = None, convert_cell(d, args.phase, r.get("rep"), r.get("source"))[1]
                 meta = atomic.read_json(d / "metadata.json")
                 arm_spec = arm_of(meta["variant"], meta.get("extra"), str(d / "metadata.json"))[1]
         except IncompleteCell as exc:
@@ -933,12 +1127,17 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     for arm in sorted({c["summary"]["keys"]["arm"] for c in imported if not is_arm_name(c["summary"]["keys"]["arm"])}):
         print(f"note: arm {arm!r} is not one of this project's arms (methods {', '.join(METHODS)}): its cells and "
-              "deployment records are written, but `specstudy tables` reads only the project's arms and leaves "
-              f"{arm}/ out of the tables", file=sys.stderr)
+              f"deployment records are written, and `specstudy tables` refuses its folder {arm}/ (naming it) until "
+              "core/arms.py names the method; import it into a root of its own meanwhile", file=sys.stderr)
     for d in sorted(as_summary):
         print(f"note: {d}: its raw files are in the source but this --from-summaries import read it from summary.json "
               "(upstream's E2E/TPOT, as its summary-only pairs); import it without --from-summaries to recompute it "
               "from the raw files", file=sys.stderr)
+    shared = {(c["summary"]["keys"]["arm"], c["summary"]["keys"]["rep"], c["summary"]["keys"]["deployment_id"]):
+              c["summary"]["upstream"].get("repeat_source") for c in imported
+              if (c["summary"]["upstream"].get("repeat_source") or "").startswith("upstream sweep deployments")}
+    for (arm, rep_n, dep), src in sorted(shared.items()):
+        print(f"note: {dep} -> {arm} rep{rep_n}: {src}", file=sys.stderr)
     for exc in incomplete:
         print(f"incomplete: {exc.cell_dir}: missing {', '.join(exc.missing)}", file=sys.stderr)
     for e in errors:
@@ -956,7 +1155,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import-upstream",
-        help="convert the upstream study's raw cells (70B smoke, 8B sweeps and confirmation) into this project's cell format",
+        help="convert the upstream study's cells (70B smoke, 8B sweeps and confirmation; raw or, with "
+        "--from-summaries, from upstream's summaries) into this project's cell format",
         description="Convert upstream cells (requests.jsonl, metrics_{before,after}.prom, summary.json, "
         "metadata.json) into specstudy cells; the summary is recomputed from the raw files. Complete cells are "
         "imported; incomplete ones are listed with their missing files.",
@@ -970,12 +1170,14 @@ def register(subparsers) -> None:
     p.add_argument("--phase", default="screen", choices=CORE_PHASES,
                    help="phase the cells are imported as (default screen; confirm for a confirmation set)")
     p.add_argument("--from-summaries", action="store_true",
-                   help="also import confirmation cells (<deployment>/cells/<workload>/c<c>/) of which only "
-                   "upstream's summary.json is present: every figure upstream's, definitions named, what cannot be "
-                   "recomputed null (docs/upstream-8b.md)")
+                   help="read every cell of upstream's 8B layouts (confirmation <deployment>/cells/<workload>/c<c>/, "
+                   "sweep <sweep>/<arm>/<workload>/<workload>/c<c>/) from its summary.json, raw files present or "
+                   "not: every figure upstream's, definitions named, marked summary-only, what cannot be recomputed "
+                   "null (docs/upstream-8b.md)")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL=ARM",
-                   help="arm of a summary-only deployment without metadata.json, by the variant label of its name, "
-                   "e.g. eagle31-k2=eagle3-k2 (baseline implied)")
+                   help="arm of a summary-only deployment none of whose cells has a metadata.json, by upstream's "
+                   "label of it (the variant of a confirmation deployment's name, a sweep's arm folder), e.g. "
+                   "eagle31-k2=eagle3-k2 or dspark-e10-k7=dspark-k7+e10 (baseline implied)")
     p.add_argument("--report", help="upstream's confirm-report.json: its per-deployment KV-cache tokens go into the "
                    "deployment records of summary-only deployments (named as upstream's figure)")
     p.add_argument("--source", dest="source_commit", metavar="REPO@COMMIT",

@@ -34,7 +34,7 @@ from specstudy.report.sections.recommendation import (
     recommendation_section,
     with_capacity_half,
 )
-from specstudy.report.sections.results import plots_section, results_tables
+from specstudy.report.sections.results import no_comparisons_reason, plots_section, results_tables
 from specstudy.report.sections.validity import drift_section, network_section, validity_section
 from specstudy.study.plan import CORE_PHASES
 
@@ -64,6 +64,10 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     phases_present = sorted({c["phase"] for c in cells})
     prereg = load_prereg(config) if (config.get("study") or {}).get("preregistration") else None
     rec = with_capacity_half(recommend(comps, gates, config, prereg), files, config)
+    # the rule knows only the comparisons; what was left out of them, and why, comes from the cells
+    why = no_comparisons_reason(rec["phase"], cells, comps)
+    if why:
+        rec["missing"] = [why if m.startswith(f"no {rec['phase']} comparisons") else m for m in rec["missing"]]
     progress = confirmation_progress(cells, rec.get("rule"))
     missing = missing_pieces(files, config, cells, gates, progress, (rec.get("capacity_half") or {}).get("arm"))
     model = stats.explanatory_model([c for c in comps if c["phase"] == s["analysis"]["hypothesis_phase"]] or comps)
@@ -94,7 +98,7 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     decision_evidence_section(B, rec, rounds_in_order(files))
     B.append(("h", 2, "Missing pieces"))
     B.append(("ul", missing or ["nothing: all inputs present"]))
-    results_tables(B, comps, s)
+    results_tables(B, comps, s, cells)
     plots_section(B, plots, rec, comps, cells, mem_rows, t["requests"], dr)
     candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     selection_section(B, sel)

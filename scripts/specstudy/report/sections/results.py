@@ -17,13 +17,59 @@ from specstudy.report.plots import (
 )
 
 
-def results_tables(B, comps: list[dict], s: dict) -> None:
+def _arms_text(rows: list[dict]) -> str:
+    counts: dict[str, set] = {}
+    for r in rows:
+        counts.setdefault(r["arm"], set()).add((r.get("rep"), r["workload"], r["concurrency"]))
+    return ", ".join(f"{arm} ({len(k)} cell{'s' if len(k) != 1 else ''})" for arm, k in sorted(counts.items()))
+
+
+def no_comparisons_reason(phase: str, cells: list[dict], comps: list[dict]) -> str | None:
+    """Why there is no ``phase`` comparison, from the cells table: which cells were left out and what would make
+    them comparable; None when ``phase`` has comparisons."""
+    if any(c["phase"] == phase for c in comps):
+        return None
+    rows = [c for c in cells if (c.get("kind") or "repeat") != "drift"]
+    here = [c for c in rows if c["phase"] == phase]
+    if not cells:
+        return (f"no {phase} comparisons: the cells table is empty (no cell summary under the results root: nothing "
+                "was measured or imported there)")
+    if not here:
+        other = sorted({c["phase"] for c in rows} - {phase})
+        held = "; ".join(f"{ph}: {_arms_text([c for c in rows if c['phase'] == ph])}" for ph in other)
+        return (f"no {phase} comparisons: the cells table holds no {phase} cells, so every cell it holds was left out "
+                f"of them ({held or 'drift baselines only'}). The recommendation judges phase {phase} "
+                f"(config key recommendation.phase): measure or import these cells as {phase} "
+                f"(`specstudy import-upstream ... --phase {phase}`), or judge "
+                f"{' / '.join(other) or 'another phase'} by setting recommendation.phase")
+    if not any(c["arm"] != "baseline" for c in here):
+        return (f"no {phase} comparisons: the {phase} cells are the baseline's only ({_arms_text(here)}); no "
+                "speculative arm was measured or imported in this phase")
+    return None
+
+
+def dropped_arms(phase: str, comps: list[dict]) -> list[str]:
+    """The ``phase`` comparisons none of whose repeats could be paired, with the reasons their repeats give."""
+    out = []
+    for c in comps:
+        if c["phase"] == phase and not c.get("repeats") and c.get("excluded"):
+            why = sorted({e["reason"] for e in c["excluded"]})
+            out.append(f"{c['arm']} {c['workload']} c{c['concurrency']}: every repeat left out ({'; '.join(why)})")
+    return out
+
+
+def results_tables(B, comps: list[dict], s: dict, cells: list[dict] | None = None) -> None:
     for phase in ("confirm", "screen"):
         pc = [c for c in comps if c["phase"] == phase]
         B.append(("h", 2, f"Results per workload × concurrency ({phase})"))
         if not pc:
-            B.append(("p", f"No {phase} comparisons."))
+            why = no_comparisons_reason(phase, cells, comps) if cells is not None else None
+            B.append(("p", f"No {phase} comparisons" + (f": {why.split(': ', 1)[1]}." if why else ".")))
             continue
+        dropped = dropped_arms(phase, comps)
+        if dropped:
+            B.append(("p", "Left out of the comparisons (no repeat could be paired with a baseline repeat):"))
+            B.append(("ul", dropped))
         B.append(("p", "Speedup = arm output tokens/s ÷ baseline output tokens/s of the same rep (pairs by rep "
                        f"index). Cells show geometric mean [{int(s['analysis']['confidence'] * 100)}% CI, "
                        f"{s['analysis']['ci_method']}], median and each repeat; absolute values are medians."))
