@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ SMALL_FILE_LIMIT = 64 << 20
 #: Weight files: named with size and mtime every time, their full sha256 read once through the hash cache.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".npz")
 MAX_MODEL_FILES = 10000
+#: Weight files hashed at once (the first deployment of a model only).
+HASH_WORKERS = 4
 
 
 def _model_files(root: Path) -> tuple[list[Path], bool]:
@@ -93,6 +96,7 @@ def model_info(path: str | os.PathLike | None, cache: HashCache | None = None) -
     if not p.is_dir():
         return info
     files, info["truncated"] = _model_files(p)
+    weights: list[Path] = []
     for f in files:
         name = str(f.relative_to(p))
         try:
@@ -103,11 +107,15 @@ def model_info(path: str | os.PathLike | None, cache: HashCache | None = None) -
         if f.parent == p and st.st_size <= SMALL_FILE_LIMIT and any(fnmatch(f.name, pat) for pat in SMALL_FILE_PATTERNS):
             info["small_files"].append({"name": name, "size": st.st_size, "sha256": sha256_file(f)})
         elif f.name.endswith(WEIGHT_SUFFIXES):
-            h = cache.sha256(f)
-            info["weights"].append({"name": name, "size": h["size"], "mtime_ns": h["mtime_ns"], "sha256": h["sha256"],
-                                    "hash": h["how"]})
+            weights.append(f)
         else:
             info["other_files"].append({"name": name, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    # The shards a cache does not know yet are read side by side (hashlib lets go of the GIL): the one
+    # deployment that hashes a 140 GB model waits for the file system, not for one core.
+    with ThreadPoolExecutor(max_workers=max(1, min(HASH_WORKERS, len(weights)))) as pool:
+        for f, h in zip(weights, pool.map(cache.sha256, weights), strict=True):
+            info["weights"].append({"name": str(f.relative_to(p)), "size": h["size"], "mtime_ns": h["mtime_ns"],
+                                    "sha256": h["sha256"], "hash": h["how"]})
     info["weights_bytes"] = sum(w["size"] or 0 for w in info["weights"])
     return info
 
