@@ -62,10 +62,10 @@ HASH_WORKERS = 4
 
 
 def _model_files(root: Path) -> tuple[list[Path], bool]:
-    """Every file under a model directory (symlinks followed, dot-folders such as ``.cache`` left out),
+    """Every file under a model directory (file symlinks included, dot-folders such as ``.cache`` left out),
     at most :data:`MAX_MODEL_FILES`; whether the listing was cut there."""
     out: list[Path] = []
-    for dirpath, dirs, files in os.walk(root, followlinks=True):
+    for dirpath, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             out.append(Path(dirpath) / name)
