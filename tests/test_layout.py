@@ -42,6 +42,7 @@ EXAMPLES = {
     "deployment_log": dict(phase="screen", arm="baseline", rep="rep1"),
     "deployment_benchmark": dict(phase="confirm", arm="ngram-k2", rep="drift3"),
     "config": dict(name="deployment-0123abcd"),
+    "hash_cache": {},
     "mechanics_model": dict(role="draft"),
     "mechanics_arm": dict(phase="mechanics", arm="small-draft-k3", rep="rep1"),
 }

@@ -181,10 +181,12 @@ def test_provenance_hardware_with_and_without_gpus(fresh, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0))
     hw = provenance.hardware_info()
     assert hw["gpus"] is None and hw["gpu"]["count"] == 0 and "no GPU" in hw["gpu"]["error"]
-    prov = {"schema": "specstudy.provenance/1", "deployment_id": "d", "arm": {"name": "baseline", "method": "baseline"},
+    engine = {"version": None, "version_tuple": None, "commit": None, "commit_source": None}
+    prov = {"schema": provenance.PROVENANCE_SCHEMA, "deployment_id": "d", "arm": {"name": "baseline", "method": "baseline"},
             "project": {"revision": None, "dirty": None}, "backend": "local", "container": None, "bind_mounts": [],
-            "command": None, "slurm": None, "models": {"target": None}, "hardware": hw,
-            "software": {"vllm": None, "torch": None}, "corpus": None, "times": {"start": None, "ready": None, "stop": None}}
+            "command": None, "slurm": None, "models": {"target": None}, "hashes": {"cache": None, "read": 0}, "hardware": hw,
+            "software": {"vllm": None, "torch": None, "engine": engine}, "corpus": None,
+            "times": {"start": None, "ready": None, "stop": None}}
     schemas.validate(prov, "provenance", "no-GPU hardware")
 
 

@@ -66,6 +66,7 @@ FAILURES = "deployment-failures"
 LOGS = "logs"
 BENCHMARKS = "benchmarks"
 CONFIG = ".config"
+CACHE = ".cache"  # caches shared by a study's jobs (full file hashes of weights and images)
 ATTEMPTS = "attempts"
 
 DEPLOYMENT_RECORD = "deployment.json"
@@ -149,6 +150,7 @@ TEMPLATES: dict[str, str] = {
     "deployment_log": f"{LOGS}/{_DEPLOYMENT}.log",
     "deployment_benchmark": f"{BENCHMARKS}/{_DEPLOYMENT}.tsv",
     "config": f"{CONFIG}/{{name}}.json",
+    "hash_cache": f"{CACHE}/content-hashes.json",
     "mechanics_model": f"{MODELS}/{MECHANICS}/{{role}}/model.json",
     "mechanics_arm": f"{_DEPLOYMENT}/mechanics-arm.json",
 }
@@ -524,6 +526,12 @@ def gates_dir(root=ROOT) -> str:
 def config_file(name, root=ROOT) -> str:
     """The effective config ``<root>/.config/<name>.json`` (content-addressed)."""
     return build("config", root, name=name)
+
+
+def hash_cache(root=ROOT) -> str:
+    """``<root>/.cache/content-hashes.json``: full sha256 of weights and images by (path, size, mtime),
+    shared by every deployment job (:mod:`specstudy.deployment.filehash`)."""
+    return build("hash_cache", root)
 
 
 def models_dir(*parts, root=ROOT) -> str:

@@ -13,7 +13,10 @@ captures → cells → stop; its spec: :mod:`specstudy.job.spec`). What it calls
   :func:`~.readiness.stop_on_signals`;
 - :mod:`.launchlog` — the engine's own log: confounds (:func:`~.launchlog.parse_launch_log`),
   start-up steps, error excerpts and failure classification;
-- :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment;
+- :mod:`.provenance` — git, image, bind mounts, Slurm, models, hardware and software of a deployment
+  (the engine's version and commit from the server's own interpreter);
+- :mod:`.filehash` — full sha256 of weights and images, computed once per (path, size, mtime) and
+  cached across deployments;
 - :mod:`.redaction` — secrets out of commands, environments, URLs and logs;
 - :mod:`.records` — deployment ids and failure records (``results/deployment-failures/…``);
 - :mod:`.watch` — notices a server's death mid-deployment.

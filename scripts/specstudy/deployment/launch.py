@@ -9,8 +9,8 @@ psutil that nothing of the group remains.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -25,6 +25,7 @@ from specstudy.core import atomic
 from specstudy.core.timestamps import utc_now
 from specstudy.deployment import DeploymentError
 from specstudy.deployment.command import build_command, engine_settings, with_variant
+from specstudy.deployment.filehash import HashCache
 from specstudy.deployment.redaction import redact_argv, redact_text, secret_values
 from specstudy.study.config import ConfigError
 
@@ -293,7 +294,7 @@ class LocalProcessBackend:
         xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return compile_cache_state(os.path.join(xdg, "vllm"), "vLLM default")
 
-    def describe(self, attempt_dir: Path | None = None) -> dict:
+    def describe(self, cache: HashCache | None = None) -> dict:
         return {"kind": self.kind, "python": self.cfg.get("python") or sys.executable}
 
     def start(self, argv: list[str], *, log_path: str | os.PathLike, served_model_name: str, port: int,
@@ -426,11 +427,21 @@ class ContainerBackend(LocalProcessBackend):
             return compile_cache_state(root, "engine.server.cache_root")
         return compile_cache_state(None, f"container ({root or 'vLLM default'}; not inspected from the host)")
 
-    def describe(self, attempt_dir: Path | None = None) -> dict:
+    def describe(self, cache: HashCache | None = None) -> dict:
+        """What the container deployment runs on, for the provenance: the image (full sha256, once per
+        size and mtime through ``cache``), the EDF's mounts and workdir with variables expanded from the
+        job's environment as the engine expands them, and every unset variable the EDF names."""
         edf = self.edf()
-        return {"kind": self.kind, "image": edf.get("image"), "image_digest": self.container.get("image_digest")
-                or image_digest(edf.get("image")), "edf": str(self.container.get("edf") or ""),
-                "mounts": bind_mount_hashes(edf.get("mounts") or []), "env_file": self.container.get("env_file")}
+        env = self.environment()
+        cache = cache if cache is not None else HashCache()
+        image = image_record(edf.get("image"), env, cache)
+        configured = self.container.get("image_digest")
+        digest = configured or (f"sha256:{image['image_sha256']}" if image["image_sha256"] else None)
+        workdir = expand_edf_value(edf["workdir"], env)[0] if edf.get("workdir") else None
+        return {"kind": self.kind, **image, "image_digest": digest, "image_digest_configured": configured,
+                "edf": str(self.container.get("edf") or ""), "workdir": workdir,
+                "unset_variables": edf_unset_variables(edf, env),
+                "mounts": mount_records(edf.get("mounts") or [], env, cache), "env_file": self.container.get("env_file")}
 
 
 def make_backend(engine_cfg: dict) -> LocalProcessBackend:
@@ -487,38 +498,102 @@ def start_server(engine_cfg: dict, arm: dict, *, attempt_dir: str | os.PathLike,
 
 
 # ---------------------------------------------------------------- what a container deployment mounts
-def bind_mount_hashes(mounts: list) -> list[dict]:
+# Variables in an EDF, expanded as the CSCS Container Engine does when it reads the file on the compute
+# node (docs.cscs.ch, "EDF reference" -> "Environment variable expansion"; eth-cscs/cscs-docs
+# docs/software/container-engine/edf.md): `${VAR}` in every EDF parameter (mounts, workdir, image, env,
+# annotations) takes the value of the job's environment; "Referencing an undefined variable results in
+# an error", `${VAR:-}` (here `${VAR:-word}`) gives the default instead, and `$$` is a literal `$`. The
+# engine's parser evaluates a value as a shell word with `set -u`, so `$VAR` expands as `${VAR}` does.
+# Variables the image defines (the engine lets them win) are not visible from the host; paths such as
+# `${SCRATCH}` come from the job. An unset variable is left as written and named in the record: the
+# engine would refuse that EDF.
+_EDF_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand_edf_value(text: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """``text`` with its variables expanded from ``env`` (default: this process's environment) as the
+    container engine expands an EDF value; also the names of the variables that are unset (left as
+    written)."""
+    env = os.environ if env is None else env
+    unset: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1) or m.group(3)
+        if m.group(2) is not None:  # ${VAR:-word}: the word when VAR is unset or empty
+            return env.get(name) or m.group(2)
+        if name in env:
+            return env[name]
+        if name not in unset:
+            unset.append(name)
+        return m.group(0)
+
+    return _EDF_VAR.sub(sub, str(text)), unset
+
+
+def edf_unset_variables(edf: dict, env: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Every unset variable an EDF refers to, with the parameters that name it (``mounts[1]``, ``workdir``,
+    ``env.HF_HOME`` ...)."""
+    out: dict[str, list[str]] = {}
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str):
+            for name in expand_edf_value(value, env)[1]:
+                out.setdefault(name, []).append(where)
+
+    walk(edf, "")
+    return out
+
+
+def mount_records(mounts: list, env: dict[str, str] | None = None, cache: HashCache | None = None) -> list[dict]:
+    """One record per EDF mount ``SOURCE:DESTINATION[:FLAGS]``, variables expanded as the engine does:
+    the source's ``kind`` (``file``, ``directory``, ``missing``, or ``unset_variable`` when a variable
+    it names is unset) and whether it exists. A file's sha256 comes from ``cache`` (read once per
+    size and mtime); a directory (the shared model store, ``${SCRATCH}``) is recorded, never walked."""
+    cache = cache if cache is not None else HashCache()
     out = []
     for m in mounts:
-        src, _, rest = str(m).partition(":")
-        dst = rest.split(":", 1)[0] if rest else src
+        spec = str(m)
+        expanded, unset = expand_edf_value(spec, env)
+        src, _, rest = expanded.partition(":")
+        dst, _, flags = rest.partition(":") if rest else (src, "", "")
+        entry = {"spec": spec, "src": src, "dst": dst, "flags": flags or None, "exists": False,
+                 "kind": "missing", "sha256": None}
         p = Path(src)
-        entry = {"src": src, "dst": dst, "sha256": None, "kind": "missing"}
-        if p.is_file():
-            entry.update(kind="file", sha256=sha256_file(p))
+        if unset:
+            entry.update(kind="unset_variable", unset=unset)
+        elif p.is_file():
+            h = cache.sha256(p)
+            entry.update(kind="file", exists=True, sha256=h["sha256"], size=h["size"], mtime_ns=h["mtime_ns"],
+                         hash=h["how"])
         elif p.is_dir():
-            entry.update(kind="directory", sha256=_dir_digest(p))
+            entry.update(kind="directory", exists=True)
         out.append(entry)
     return out
 
 
-def _dir_digest(path: Path, max_files: int = 2000) -> str:
-    h = hashlib.sha256()
-    for i, f in enumerate(sorted(p for p in path.rglob("*") if p.is_file())):
-        if i >= max_files:
-            h.update(b"...truncated")
-            break
-        h.update(str(f.relative_to(path)).encode() + b"\0" + (sha256_file(f) or "").encode() + b"\n")
-    return h.hexdigest()
-
-
-def image_digest(image: str | None) -> str | None:
-    """sha256 of a local squashfs image's first 64 MiB plus its size (full hashing of 30 GB is too slow)."""
-    if not image or not Path(image).is_file():
-        return None
-    size = Path(image).stat().st_size
-    head = sha256_file(image, limit=64 << 20)
-    return f"head64m-sha256:{head};size={size}"
+def image_record(image: str | None, env: dict[str, str] | None = None, cache: HashCache | None = None) -> dict:
+    """The container image as the engine resolves it: a local squashfs file gets its full sha256 (from
+    ``cache``: read once per size and mtime), a registry reference only its name."""
+    if not image:
+        return {"image": None, "image_sha256": None, "image_size": None, "image_mtime_ns": None, "image_hash": None}
+    expanded, unset = expand_edf_value(image, env)
+    out = {"image": expanded, "image_sha256": None, "image_size": None, "image_mtime_ns": None, "image_hash": None}
+    if unset:
+        out.update(image_hash="unset variable", image_unset=unset)
+    elif Path(expanded).is_file():
+        h = (cache if cache is not None else HashCache()).sha256(expanded)
+        out.update(image_sha256=h["sha256"], image_size=h["size"], image_mtime_ns=h["mtime_ns"], image_hash=h["how"])
+    else:
+        out["image_hash"] = "not a local file (registry reference, or absent here)"
+    return out
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str | None:

@@ -576,7 +576,8 @@ def _stop(job: _Job) -> None:
             job.eng, job.arm, deployment_id=job.deployment_id, server=job.server,
             command=job.server.record_command if job.server is not None else None,
             corpus={"smoke": job.smoke_corpus, **{e["cell"]["workload"]: e["corpus"] for e in job.cells}},
-            launch_log=log_path if log_path.exists() else None, times=job.times)
+            launch_log=log_path if log_path.exists() else None, times=job.times,
+            hash_cache=layout.hash_cache(job.results_root))
     except Exception:  # provenance must never lose the measurements
         traceback.print_exc()
         job.provenance = None
