@@ -64,9 +64,36 @@ def test_a_deployment_off_loopback_sends_its_key_and_no_file_of_it_holds_the_key
     assert len(key) >= 40, "the server got no key"
     rec = atomic.read_json(out / "deployment.json")
     assert rec["status"] == "ok" and [c["status"] for c in rec["cells"]] == ["valid", "valid"]  # the key was sent
+    deltas = atomic.read_json(out / "code" / "c2" / "summary.json")["server_deltas"]
+    assert deltas["foreign_request_check"] == "done" and deltas["requests_received"] == deltas["requests_sent"] == 8
     attempt = out / "attempts" / rec["deployment_id"]
     assert "VLLM_API_KEY=***REDACTED***" in (attempt / "launch.log").read_text()  # the engine's echo, redacted
     files = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
     assert len(files) > 15 and any(p.name == "requests.jsonl" for p in files)
     leaked = [str(p.relative_to(tmp_path)) for p in files if key.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_the_report_names_the_cells_that_saw_requests_the_load_generator_did_not_send():
+    import json
+
+    from specstudy.report.blocks import render_markdown
+    from specstudy.report.sections.validity import foreign_section
+
+    detail = "server answered 51 API requests in the window, the load generator sent 48: 3 came from another client"
+    cells = [{"phase": "confirm", "arm": "ngram-k3", "rep": 2, "workload": "code", "concurrency": 8,
+              "invalid_reasons": "foreign_traffic", "requests_attempted": 48,
+              "invalid_details": json.dumps([{"code": "foreign_traffic", "detail": detail}]),
+              "server_deltas.requests_received": 51.0, "server_deltas.requests_finished": 48.0,
+              "server_deltas.requests_not_sent_by_loadgen": 3.0, "server_deltas.foreign_request_check": "done"},
+             {"phase": "confirm", "arm": "baseline", "rep": 2, "workload": "code", "concurrency": 8,
+              "invalid_reasons": "", "requests_attempted": 48, "server_deltas.requests_received": 48.0,
+              "server_deltas.foreign_request_check": "done"},
+             {"phase": "confirm", "arm": "baseline", "rep": 1, "workload": "code", "concurrency": 8,
+              "invalid_reasons": "loadgen_limited", "requests_attempted": 48}]
+    B: list = []
+    foreign_section(B, cells)
+    md = render_markdown(B)
+    assert "1 cell(s) saw traffic of another client" in md and "compared in 2 of 3 cells" in md
+    assert f"| confirm | ngram-k3 | 2 | code | 8 | 48 | 51 | 48 | 3 | {detail} |" in md
+    assert "| baseline |" not in md
