@@ -159,6 +159,10 @@ def test_secrets_are_redacted_everywhere(tmp_path, monkeypatch):
     # the server gets the key through its environment (VLLM_API_KEY), never as an argument `ps` would show
     assert key not in json.dumps(argv) and "--api-key" not in argv
     assert server_launch.make_backend(cfg).environment()["VLLM_API_KEY"] == key
+    # the variable's echo in a log or an environment dump, redacted by name and by value
+    assert redaction.redact_text(f"env: VLLM_API_KEY={key} token {key}", redaction.secret_values(cfg)) == \
+        f"env: VLLM_API_KEY={redaction.REDACTED} token {redaction.REDACTED}"
+    assert redaction.redact_env({"VLLM_API_KEY": key}) == {"VLLM_API_KEY": redaction.REDACTED}
     secrets = redaction.secret_values(cfg)
     red = redaction.redact_argv(argv + ["--api-key", key], secrets)
     text = json.dumps(red)
