@@ -572,6 +572,19 @@ def stale_inputs(dependent):
     return [cp for cp, dep in _stale.stale_dependents(".", capacity=STALE_CAPACITY) if dep == dependent]
 
 
+def model_launch_files():
+    """The pinned model-launch example the report patches (recommendation.model_launch): its manifest and the
+    verbatim copy it names (checked at parse by check_config); none when the config pins none."""
+    from specstudy.inputs.model_launch import manifest_path
+    from specstudy.study.config import REPO_ROOT
+
+    ref = (config.get("recommendation") or {}).get("model_launch")
+    if not ref:
+        return []
+    manifest = manifest_path(ref, REPO_ROOT)
+    return [str(manifest), str(manifest.parent / json.loads(manifest.read_text())["local"])]
+
+
 def report_inputs(wildcards):
     # A stale report depends on the missing checkpoint outputs as plain files: Snakemake plans the
     # checkpoint and the report again (through the checkpoint's own lookup it would see the old report

@@ -25,6 +25,8 @@ rule tables:
 rule build_report:
     input:
         unpack(report_inputs),
+        # the pinned model-launch example (recommendation.model_launch): its manifest and verbatim copy
+        model_launch=model_launch_files(),
     output:
         markdown=report(layout.report_file("report.md"), caption="../report/report.rst", category="Report"),
         html=layout.report_file("report.html"),
@@ -32,6 +34,9 @@ rule build_report:
                               category="Report"),
         plots=report(directory(layout.report_file("plots")), patterns=["{name}.png"], caption="../report/plot.rst",
                      category="Plots", labels={"figure": "{name}"}),
+        # empty patch, and the Markdown says why, when nothing is proposed (docs/report.md)
+        model_launch_patch=layout.report_file("model-launch.patch"),
+        model_launch_pr=layout.report_file("model-launch-pr.md"),
     log:
         layout.log("report", "report"),
     benchmark:

@@ -330,3 +330,43 @@ def test_cell_error_is_a_known_reason():
     s = cell.failed_summary(KEYS, CORPUS, "cell_error", "RuntimeError: loadgen exploded")
     schemas.validate(s, "cell-summary", "test")
     assert codes(s) == ["cell_error"] and s["validity"]["valid"] is False
+
+
+def _http(n, status="2xx", handler="/v1/chat/completions", method="POST"):
+    return f'http_requests_total{{handler="{handler}",method="{method}",status="{status}"}} {n}\n'
+
+
+def test_requests_the_load_generator_did_not_send_are_named():
+    """The server's API request count (http_requests_total on /v1) against the rows: a foreign request that the
+    token and finished-request checks cannot see (refused or failed: no tokens, no success) still flags the cell."""
+    before = vllm_text(gen=0.0, drafts=0, draft_tokens=0, accepted=0, per_pos=(0, 0, 0)) + _http(10) + _http(
+        2, handler="/v1/models", method="GET")
+    after = vllm_text(gen=44.0, drafts=20, draft_tokens=60, accepted=24, per_pos=(12, 8, 4), success=succ(4))
+    clean = summ(four_rows(), before=before, after=after + _http(14) + _http(2, handler="/v1/models", method="GET")
+                 + _http(50, handler="/tokenize"))
+    assert codes(clean) == [] and clean["server_deltas"]["foreign_request_check"] == "done"
+    assert (clean["server_deltas"]["requests_received"], clean["server_deltas"]["requests_sent"],
+            clean["server_deltas"]["requests_not_sent_by_loadgen"]) == (4, 4, 0)
+    refused = summ(four_rows(), before=before, after=after + _http(14) + _http(3, status="4xx")
+                   + _http(2, handler="/v1/models", method="GET"))
+    assert codes(refused) == ["foreign_traffic"] and refused["validity"]["throughput_valid"] is False
+    assert refused["server_deltas"]["requests_not_sent_by_loadgen"] == 3
+    assert "server answered 7 API requests in the window, the load generator sent 4: 3 came from another client" in \
+        refused["validity"]["reasons"][0]["detail"]
+    models = summ(four_rows(), before=before, after=after + _http(14) + _http(3, handler="/v1/models", method="GET"))
+    assert codes(models) == ["foreign_traffic"]  # any API request counts, not only generation
+    without = summ(four_rows(), before=vllm_text(gen=0.0, drafts=0, draft_tokens=0, accepted=0, per_pos=(0, 0, 0)))
+    assert codes(without) == [] and without["server_deltas"]["requests_not_sent_by_loadgen"] is None
+    assert without["server_deltas"]["foreign_request_check"].startswith("not made: the server exposes no")
+
+
+def test_the_request_count_of_a_real_vllm_window_matches_its_rows():
+    from pathlib import Path
+
+    from specstudy.measure import prom
+
+    d = (Path(__file__).parent / "data" / "upstream-8b" / "results" / "8b" / "eagle" / "confirm"
+         / "apertus15-8b-eagle31-k2-confirm-c1-20260926T132526Z" / "cells" / "code" / "c1")
+    rows = (d / "requests.jsonl").read_text().splitlines()
+    assert prom.api_requests((d / "metrics_before.prom").read_text(), (d / "metrics_after.prom").read_text()) == \
+        len(rows) == 128

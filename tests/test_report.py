@@ -57,7 +57,9 @@ def _with_knees(res):
 
 def _config(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH},
+    cfg.write_text(json.dumps({"recommendation": {"launch_args": LAUNCH,
+                                                  "model_launch": "tests/data/model-launch/manifest.json"},
+                               "engine": {"draft": {"path": "/models/swiss-ai/Apertus-v1.5-8B"}},
                                "study": {"preregistration": str(_prereg(tmp_path))},
                                "corpora": {"workloads": {w: f"{w}.yaml" for w in ("code", "chat", "summarization")}}}))
     return cfg
@@ -95,6 +97,12 @@ def test_report_full_tree(tmp_path):
         assert (res / "report" / "plots" / f"{png}.png").stat().st_size > 1000, png
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["selection"]["used_confirmation"] is False
+    # the model-launch example already runs draft k3 / TP 4: nothing to change, and the evidence says why it stays
+    assert (res / "report" / "model-launch.patch").read_bytes() == b""
+    pr = (res / "report" / "model-launch-pr.md").read_text()
+    assert "the example already sets draft-k3-tp4's settings" in pr and "| draft-k3-tp4 | code | 1 | 1.409 |" in pr
+    assert rec["model_launch"]["example"]["commit"] == "2fd9e2062cd4219a9e8c231282aafe51aaf7ddf0"
+    assert "model-launch pull request (model-launch-pr.md): nothing proposed" in md
     assert {h["id"]: h["verdict"] for h in rec["hypotheses"]}["H4"] == "untestable"
 
 
@@ -110,6 +118,8 @@ def test_report_without_confirmation_or_capacity(tmp_path):
     assert "(screen: baseline (" in why and "recommendation.phase" in why and "has the confirm phase run" not in why
     assert "Missing: no results/capacity/" in md
     assert not (res / "report" / "vllm-args.patch").exists()
+    assert (res / "report" / "model-launch.patch").read_bytes() == b""  # an output of the rule either way
+    assert "the decision is insufficient_evidence" in (res / "report" / "model-launch-pr.md").read_text()
 
 
 def test_report_flags_selection_that_read_confirmation(tmp_path):

@@ -159,8 +159,9 @@ def build_command(engine_cfg: dict, arm: dict, *, port: int, served_model_name: 
 
     Controlled settings (model, tokenizer, TP, max_model_len, memory, seqs, seed, chat template,
     extra args) come only from ``engine_cfg``; the arm adds ``--speculative-config`` (nothing for
-    the baseline) and, for a variant (``<arm>+<variant>``), its declared ``extra_args`` after the study's. The API key, if any, is passed as ``--api-key``; record the command with
-    :func:`redact_argv`.
+    the baseline) and, for a variant (``<arm>+<variant>``), its declared ``extra_args`` after the study's. The API key is
+    never an argument (the launcher passes it as ``VLLM_API_KEY``: :func:`specstudy.deployment.launch.key_env`);
+    record the command with :func:`redact_argv` all the same.
     """
     validate_arm(arm)
     cfg = engine_settings(with_variant(engine_cfg, arm))
@@ -185,8 +186,6 @@ def build_command(engine_cfg: dict, arm: dict, *, port: int, served_model_name: 
         argv.append("--enforce-eager")
     if cfg.get("chat_template"):
         argv += ["--chat-template", str(cfg["chat_template"])]
-    if cfg.get("api_key"):
-        argv += ["--api-key", str(cfg["api_key"])]
     argv += [str(a) for a in cfg.get("extra_args") or []]
     spec = speculative_config(cfg, arm)
     if spec is not None:

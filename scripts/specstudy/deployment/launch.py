@@ -242,6 +242,12 @@ def launcher_env(cfg: dict, configured: dict[str, str] | None = None) -> dict[st
     return out
 
 
+def key_env(cfg: dict) -> dict[str, str]:
+    """The server's API key as vLLM reads it from its environment (``VLLM_API_KEY``): never on the command line,
+    where ``ps`` and the records would show it; never in an EDF file or the provenance's environment."""
+    return {"VLLM_API_KEY": str(cfg["api_key"])} if cfg.get("api_key") else {}
+
+
 def compile_cache_state(root: str | os.PathLike | None, source: str, max_files: int = 10000) -> dict:
     """Whether vLLM's cache root (torch.compile artifacts) held anything when the server was launched.
 
@@ -283,6 +289,7 @@ class LocalProcessBackend:
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
         env.update(self.added_env())  # over the job's values: the config, not the job, decides
         env.update({str(k): str(v) for k, v in (self.cfg.get("env") or {}).items()})
+        env.update(key_env(self.cfg))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -416,8 +423,10 @@ class ContainerBackend(LocalProcessBackend):
         return self._edf_env(base)[1]
 
     def environment(self) -> dict[str, str]:
-        # the container's env comes from the EDF; srun itself needs the job env (minus its thread counts)
+        # the container's env comes from the EDF; srun itself needs the job env (minus its thread counts). The API
+        # key goes through srun's environment, which the container inherits, never into the EDF written to results.
         env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_VARS}
+        env.update(key_env(self.cfg))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 

@@ -6,5 +6,6 @@
 - :mod:`.scale_model` — that pair widened to an 8B/1B shape (the GPU scale-model study);
 - :mod:`.rebuilt` — rebuilt models checked against a resumed study's packed records;
 - :mod:`.random_model` — random-weights models for the mechanics point;
-- :mod:`.arctic_build` — arctic-inference built into a directory of its own (suffix decoding).
+- :mod:`.arctic_build` — arctic-inference built into a directory of its own (suffix decoding);
+- :mod:`.model_launch` — the pinned swiss-ai/model-launch example the recommendation is delivered against.
 """

@@ -15,11 +15,35 @@ from specstudy.core.records import Plan, to_record
 from specstudy.deployment import provenance
 
 
+def is_loopback(host: str) -> bool:
+    """``host`` reaches only this machine (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    import ipaddress
+
+    if str(host).lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(str(host)).is_loopback
+    except ValueError:
+        return False
+
+
+def server_api_key(server: dict) -> str | None:
+    """The API key of one deployment's server: the value of ``server.api_key_env`` when the config names one; else,
+    for a server bound to anything but loopback, a new random key (this deployment's only: the load generator runs
+    in the same job and sends it; docs/deployments.md "Who can reach a server"); none on loopback."""
+    import secrets
+
+    key_env = server.get("api_key_env")
+    if key_env:
+        return os.environ.get(key_env)
+    return None if is_loopback(server.get("host", "127.0.0.1")) else secrets.token_urlsafe(32)
+
+
 def engine_flat(engine: dict) -> dict:
-    """Map the study config's ``engine`` section onto the launcher's flat engine settings."""
+    """Map the study config's ``engine`` section onto the launcher's flat engine settings (the API key:
+    :func:`server_api_key`, a new one on every call)."""
     target = engine["target"]
     server = engine.get("server") or {}
-    key_env = server.get("api_key_env")
     flat = {
         "backend": engine.get("backend", "local"),
         "python": engine.get("python"),
@@ -40,7 +64,7 @@ def engine_flat(engine: dict) -> dict:
         "stop_grace_s": server.get("stop_grace_s", 30),
         "idle_timeout_s": server.get("idle_timeout_s"),
         "cache_root": server.get("cache_root"),
-        "api_key": os.environ.get(key_env) if key_env else None,
+        "api_key": server_api_key(server),
     }
     if engine.get("container"):
         flat["container"] = engine["container"]

@@ -346,6 +346,21 @@ def summarize(
         fin = server["requests_finished"]
         if fin is not None and not dec and not evidence and fin > attempted:
             foreign.append(f"server finished {fin:g} requests in the window, clients sent {attempted}")
+        # requests the load generator did not send: the server's API request count against the rows (a request of
+        # another client is counted whatever became of it: refused, failed or served)
+        recv = server["requests_received"]
+        server["requests_sent"] = attempted
+        server["requests_not_sent_by_loadgen"] = None
+        if dec or evidence:
+            server["foreign_request_check"] = "not made: counters decreased or the server restarted (see reasons)"
+        elif recv is None:
+            server["foreign_request_check"] = "not made: the server exposes no http_requests_total counter"
+        else:
+            server["foreign_request_check"] = "done"
+            server["requests_not_sent_by_loadgen"] = max(0.0, recv - attempted)
+            if recv > attempted:
+                foreign.append(f"server answered {recv:g} API requests in the window, the load generator sent "
+                               f"{attempted}: {recv - attempted:g} came from another client")
         if foreign:
             reasons.append(_reason("foreign_traffic", "; ".join(foreign)))
 

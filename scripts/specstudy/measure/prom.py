@@ -42,6 +42,9 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PROCESS_START = "process_start_time_seconds"
+#: HTTP requests the server answered, per handler, method and status class (vLLM's prometheus-fastapi-instrumentator;
+#: /metrics and /health are not counted): the request-count counter of the foreign-traffic check.
+HTTP_REQUESTS = "http_requests_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 
 # Gauge aliases across vLLM versions, first match wins. ``vllm:kv_cache_usage_perc`` is the V1
@@ -391,11 +394,21 @@ def speculative_block(before: str | Snapshot, after: str | Snapshot) -> dict:
     }
 
 
+def api_requests(before: str | Snapshot, after: str | Snapshot) -> float | None:
+    """Requests the server answered on its API (``/v1/…``, any method and status) between two scrapes: the delta of
+    ``http_requests_total`` over those handlers; ``None`` when the server exposes no such counter."""
+    by_handler = counter_delta(before, after, HTTP_REQUESTS, keep=("handler",))
+    if by_handler is None:
+        return None
+    return sum(v for (handler,), v in by_handler.items() if str(handler).startswith("/v1"))
+
+
 def server_deltas(before: str | Snapshot, after: str | Snapshot) -> dict:
     """Server-side counter deltas of the measurement window plus gauges at both ends."""
     b, a = _as_snapshot(before), _as_snapshot(after)
     by_reason = counter_delta(b, a, REQUEST_SUCCESS, keep=("finished_reason",))
     return {
+        "requests_received": api_requests(b, a),
         "generation_tokens": counter_delta(b, a, GENERATION_TOKENS),
         "prompt_tokens": counter_delta(b, a, PROMPT_TOKENS),
         "requests_finished": counter_delta(b, a, REQUEST_SUCCESS),

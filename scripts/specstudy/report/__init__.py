@@ -6,5 +6,6 @@
 - :mod:`.blocks` — the report as blocks, rendered to Markdown and self-contained HTML;
 - :mod:`.plots` — matplotlib off-screen, atomic PNGs, the caption of every plot, the report's figures;
 - :mod:`.efficiency` — energy per output token, the throughput–interactivity curves;
-- :mod:`.costmodel` — the explanatory cost model (step split, predicted speedup, break-even acceptance).
+- :mod:`.costmodel` — the explanatory cost model (step split, predicted speedup, break-even acceptance);
+- :mod:`.model_launch` — the model-launch deliverable: the example's patch and the pull request's text.
 """

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specstudy.core.records import read_selection
+from specstudy.report import model_launch
 from specstudy.report.blocks import Block, label_blocks, render_html, render_markdown
 from specstudy.report.files import ReportFiles, knee_arms, records_by_phase, rounds_in_order
 from specstudy.report.sections.candidates import candidates_section, memory_rows
@@ -40,8 +41,8 @@ from specstudy.study.plan import CORE_PHASES
 
 
 def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
-    """Compute everything from ``files`` and write report.md, report.html, plots/, recommendation.json and
-    patches."""
+    """Compute everything from ``files`` and write report.md, report.html, plots/, recommendation.json, the
+    vLLM argument patches and the model-launch pull request (:mod:`specstudy.report.model_launch`)."""
     from specstudy.analysis import jit
     from specstudy.analysis.tables import read_table_files
     from specstudy.core import atomic
@@ -95,6 +96,11 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
                    f"Phases present: {', '.join(phases_present) or 'none'}. Section meanings: docs/report.md."))
     B.append(("h", 2, "Recommendation"))
     patches = recommendation_section(B, rec, deps, s, out, progress)
+    launch = model_launch.write(out, rec, comps, deps, config)
+    B.append(("p", f"model-launch pull request ({model_launch.PR_FILE}): "
+                   + (f"{model_launch.PATCH_FILE} sets {launch['arm']} in {launch['example']['path']} at "
+                      f"{launch['example']['repository']}@{launch['example']['commit'][:12]}." if launch["patch"]
+                      else f"nothing proposed ({launch['why']}); {model_launch.PATCH_FILE} is empty.")))
     decision_evidence_section(B, rec, rounds_in_order(files))
     B.append(("h", 2, "Missing pieces"))
     B.append(("ul", missing or ["nothing: all inputs present"]))
@@ -127,6 +133,7 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     atomic.write_text(out / "report.html", render_html(B, "specstudy report" + (f" ({LABEL})" if scale else "")))
     summary = {"recommendation": rec, "hypotheses": hyps, "drift": {k: v for k, v in dr.items() if k != "points"},
                "selection": sel, "missing": missing, "confirmation_progress": progress, "patches": patches,
+               "model_launch": launch,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
                "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity,
                "cost_model": cost}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core import layout, schemas
-from specstudy.core.errors import ConfigError
+from specstudy.core.errors import ConfigError, UserError
 from specstudy.study.engine_methods import methods_record_path
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
@@ -164,6 +164,14 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
                             f"({', '.join(cfg['corpora']['workloads'])})")
     problems.extend(_scale_model_problems(cfg, source))
+    launch_ref = (cfg.get("recommendation") or {}).get("model_launch")
+    if launch_ref:
+        from specstudy.inputs.model_launch import load_manifest, manifest_path
+
+        try:
+            load_manifest(manifest_path(launch_ref, REPO_ROOT))
+        except UserError as exc:
+            problems.append(f"field 'recommendation.model_launch': {exc}")
     from specstudy.inference.decision import MOVED_TO_TRAFFIC
 
     for k, dest in MOVED_TO_TRAFFIC.items():

@@ -28,11 +28,31 @@ def validity_section(B, cells, deps, comps):
                   [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c["validity_notes"],
                     "; ".join(n.get("detail", "") for n in json.loads(c.get("validity_note_details") or "[]"))[:300]]
                    for c in noted]))
+    foreign_section(B, cells)
     B.append(("h", 2, "Unservable configurations (deployment failures)"))
     fails = [d for d in deps if d.get("status") == "failed"]
     B.append(("table", ["phase", "arm", "rep", "deployment", "stage", "reason", "error excerpt"],
               [[d["phase"], d["arm"], d["rep"], d["deployment_id"], d.get("failure_stage") or "–",
                 d.get("failure_reason") or "–", (d.get("failure_error_excerpt") or "–")[:200]] for d in fails]))
+
+
+def foreign_section(B, cells) -> None:
+    """The cells that saw requests the load generator did not send (validity reason ``foreign_traffic``): the
+    server's API request count, finished requests and generated tokens against what the load generator sent."""
+    hit = [c for c in cells if "foreign_traffic" in str(c.get("invalid_reasons") or "").split(",")]
+    checked = sum(1 for c in cells if c.get("server_deltas.foreign_request_check") == "done")
+    B.append(("p", f"Requests the load generator did not send: {len(hit)} cell(s) saw traffic of another client "
+                   f"(their throughput and TPOT are excluded); the API request count was compared in {checked} of "
+                   f"{len(cells)} cells (the rest: no http_requests_total counter, or no usable scrape)."))
+    if hit:
+        B.append(("table", ["phase", "arm", "rep", "workload", "c", "sent", "API requests answered",
+                            "requests finished", "not sent by the load generator", "detail"],
+                  [[c["phase"], c["arm"], c["rep"], c["workload"], c["concurrency"], c.get("requests_attempted"),
+                    fmt(c.get("server_deltas.requests_received"), "{:g}"),
+                    fmt(c.get("server_deltas.requests_finished"), "{:g}"),
+                    fmt(c.get("server_deltas.requests_not_sent_by_loadgen"), "{:g}"),
+                    "; ".join(r.get("detail", "") for r in json.loads(c.get("invalid_details") or "[]")
+                              if r.get("code") == "foreign_traffic")[:300]] for c in hit]))
 
 
 def network_section(B, cells, dr):
