@@ -74,6 +74,57 @@ def _variant_problems(cfg: dict) -> list[str]:
     return problems
 
 
+def _confirmation_concurrency(cfg: dict) -> tuple[str, list[int]]:
+    """The pre-registration's confirmation concurrencies, read where the config names it; ``[]`` when the file
+    cannot be read (its own checks, :func:`specstudy.study.prereg.load_prereg`, then name what is wrong)."""
+    from specstudy.study.prereg import prereg_path
+
+    try:
+        path = prereg_path(cfg)
+        prereg = _load_yaml(path, "pre-registration")
+        conc = (prereg.get("confirmation") or {}).get("concurrency") or []
+        return str(path), [int(c) for c in conc]
+    except (ConfigError, OSError, AttributeError, TypeError, ValueError):
+        return "", []
+
+
+def _warmup_problems(cfg: dict) -> list[str]:
+    """Every cell warms up at least as many requests as its concurrency: the warm-up runs the workload at the
+    cell's concurrency shape (one full batch before the window opens), as the pre-registration promises."""
+    from specstudy.study import phase_decl
+    from specstudy.study.plan import request_counts
+
+    prereg_file, confirm = _confirmation_concurrency(cfg)
+    where = [("cells", dict(cfg["cells"]), "screen.concurrency", list(cfg["screen"]["concurrency"]))]
+    if confirm:
+        where.append(("cells", dict(cfg["cells"]), f"confirmation.concurrency of {prereg_file}", confirm))
+    for phase in phase_decl.declared(cfg):
+        decl = phase_decl.DECLS[phase]
+        if decl.has_cells:
+            s = phase_decl.section(cfg, phase)
+            own = {k: s[k] for k in ("requests", "warmup_requests") if k in s}
+            field = f"extensions.{phase}" if "warmup_requests" in own else "cells"
+            where.append((field, {**cfg["cells"], **own}, f"extensions.{phase}.concurrency",
+                          decl.cell_concurrency(cfg)))
+    problems: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for section, settings, levels_from, levels in where:
+        for c in levels:
+            warm = request_counts(settings, c)[1]
+            if warm >= c or (section, c) in seen:
+                continue
+            seen.add((section, c))
+            by = settings.get("warmup_requests_by_concurrency") or {}
+            field = (f"cells.warmup_requests_by_concurrency.{c}" if section == "cells" and str(c) in by
+                     else f"{section}.warmup_requests")
+            problems.append(
+                f"field '{field}': {warm} warm-up request(s) at concurrency {c} ({levels_from}) is fewer than the "
+                f"concurrency, so the warm-up never runs the cell's concurrency shape; set cells.warmup_per_slot: 1 "
+                f"(warm-up = concurrency, at least warmup_requests) or warmup_requests_by_concurrency: "
+                f"{{\"{c}\": {c}}}")
+    return problems
+
+
 def check_config(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
     try:
@@ -113,6 +164,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             problems.append(f"field 'plan.drift_cell.workload': {drift['workload']!r} is not a workload in corpora.workloads "
                             f"({', '.join(cfg['corpora']['workloads'])})")
     problems.extend(_scale_model_problems(cfg, source))
+    problems.extend(_warmup_problems(cfg))
     from specstudy.inference.decision import MOVED_TO_TRAFFIC
 
     for k, dest in MOVED_TO_TRAFFIC.items():
