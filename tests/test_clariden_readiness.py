@@ -42,3 +42,16 @@ def test_an_extension_phase_warm_up_is_named_by_its_own_field():
     cfg["extensions"]["ignore_eos"].update(concurrency=[1, 4], warmup_requests=2)  # ... this phase is not
     problems = _warmup_problems(cfg)
     assert len(problems) == 1 and problems[0].startswith("field 'extensions.ignore_eos.warmup_requests': 2 warm-up")
+
+
+def test_clariden_confirms_over_five_deployment_repeats_before_any_adaptive_stop():
+    from specstudy.inference import decision
+    from specstudy.study import plan
+    from specstudy.study.prereg import load_prereg
+
+    cfg = load_config(ROOT / "config/clariden-70b.yaml")
+    rule = decision.rule_from(cfg, load_prereg(cfg))
+    assert (rule["initial_repeats"], rule["max_repeats"], rule["correction"]) == (5, 10, "obrien_fleming")
+    assert sorted(rule["look_confidences"]) == list(range(5, 11))  # the first look is after round 5
+    design = plan.make_plan(cfg, "confirm", arms=["baseline", "ngram-k3"])["design"]
+    assert (design["repeats"], design["max_repeats"]) == (5, 10)
