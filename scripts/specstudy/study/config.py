@@ -14,7 +14,7 @@ from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
-           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
+           "prereg_path", "request_counts", "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -74,11 +74,36 @@ def _variant_problems(cfg: dict) -> list[str]:
     return problems
 
 
+def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
+    """(measured, warm-up) request counts of a cell at ``concurrency``.
+
+    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
+    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
+    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
+    concurrency 1 long. ``cells.warmup_per_slot`` sizes the warm-up by rule: ``warmup_per_slot`` x concurrency
+    requests (one batch at the cell's concurrency per unit), at least ``warmup_requests``; a level named in
+    ``warmup_requests_by_concurrency`` keeps its own figure.
+    """
+    def pick(by_key: str, default: int) -> int:
+        by = settings.get(by_key) or {}
+        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
+        return int(default if value is None else value)
+
+    warm = int(settings["warmup_requests"])
+    if settings.get("warmup_per_slot") is not None:
+        warm = max(warm, int(settings["warmup_per_slot"]) * int(concurrency))
+    return pick("requests_by_concurrency", int(settings["requests"])), pick("warmup_requests_by_concurrency", warm)
+
+
+def prereg_path(cfg: dict) -> Path:
+    """The pre-registration file the config names: relative to the working directory, else to the repository."""
+    p = Path(cfg["study"]["preregistration"])
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
 def _confirmation_concurrency(cfg: dict) -> tuple[str, list[int]]:
     """The pre-registration's confirmation concurrencies, read where the config names it; ``[]`` when the file
     cannot be read (its own checks, :func:`specstudy.study.prereg.load_prereg`, then name what is wrong)."""
-    from specstudy.study.prereg import prereg_path
-
     try:
         path = prereg_path(cfg)
         prereg = _load_yaml(path, "pre-registration")
@@ -92,7 +117,6 @@ def _warmup_problems(cfg: dict) -> list[str]:
     """Every cell warms up at least as many requests as its concurrency: the warm-up runs the workload at the
     cell's concurrency shape (one full batch before the window opens), as the pre-registration promises."""
     from specstudy.study import phase_decl
-    from specstudy.study.plan import request_counts
 
     prereg_file, confirm = _confirmation_concurrency(cfg)
     where = [("cells", dict(cfg["cells"]), "screen.concurrency", list(cfg["screen"]["concurrency"]))]
