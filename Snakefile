@@ -34,6 +34,7 @@ include: "rules/extensions.smk"
 
 # Before the first job (never in a dry run): move a report/tables built from a missing checkpoint output aside.
 onstart:
+    verify_datasets()
     quarantine_stale_outputs()
 
 

@@ -28,9 +28,20 @@ try:
     # the deployments run on this machine) and the extension arms; a dry run stops here too.
     from specstudy.study.preflight import check_study as _preflight  # noqa: E402
 
-    _preflight(config, _CONFIG_SOURCE, cpus=workflow.local_exec)
+    _preflight(config, _CONFIG_SOURCE, cpus=workflow.local_exec, datasets=workflow.is_main_process)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+
+
+def verify_datasets():
+    """Before the first job of a real run (the Snakefile's onstart; never in a dry run): every dataset's sha256
+    against its spec, unless its corpus was already built from that file."""
+    from specstudy.study.preflight import dataset_problems
+
+    problems = dataset_problems(config, digests=True, skip_built=layout.ROOT)
+    if problems:
+        raise WorkflowError(f"{_CONFIG_SOURCE}: the datasets do not match their corpus specs; nothing was submitted:"
+                            "\n  - " + "\n  - ".join(problems))
 
 PREREG_FILE = str(prereg_path(config))
 _LOCK = Path(layout.prereg_lock())

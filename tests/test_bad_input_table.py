@@ -297,6 +297,73 @@ def _selection_of(d: Path, obj) -> Path:
     return _json_file(d / "selection.json", obj)
 
 
+# ------------------------------------------------------------------ the Clariden study on a login node
+
+def _login(d: Path, edit: Callable[[Path], object] = lambda w: None, **prepare) -> tuple[Path, dict[str, str]]:
+    """A workflow copy prepared as a Clariden login node (tests/clariden_login.py), then ``edit``-ed."""
+    import clariden_login
+
+    w = workflow_copy(d)
+    env = clariden_login.prepare(w, **prepare)
+    edit(w)
+    return w, env
+
+
+def clariden(edit: Callable[[Path], object] = lambda w: None, *, unset: tuple[str, ...] = (), dry: bool = False,
+             real: bool = False, **prepare) -> Callable[[Path], list[str]]:
+    """``check-config config/clariden-70b.yaml`` (``dry``: a dry run of ``screen`` under profiles/clariden;
+    ``real``: a real run of ``screen`` on the local executor) in a prepared login node's workflow copy, run from
+    the copy (the config's paths are relative to it)."""
+    def setup(d: Path) -> list[str]:
+        w, env = _login(d, edit, **prepare)
+        where = ["env", f"--chdir={w}", *(f"--unset={k}" for k in (*unset, "SPECSTUDY_CONFIGFILE")),
+                 *(f"{k}={v}" for k, v in env.items() if k not in unset)]
+        if dry:
+            return [*where, *SNAKEMAKE, "--profile", "profiles/clariden", "-n", "screen"]
+        if real:
+            return [*where, *SNAKEMAKE, "--profile", "profiles/local", "screen", "--configfile",
+                    "config/clariden-70b.yaml"]
+        return [*where, *SPECSTUDY, "check-config", "config/clariden-70b.yaml", "--results", ""]
+    return setup
+
+
+def _rm(rel: str) -> Callable[[Path], None]:
+    def edit(w: Path) -> None:
+        import shutil
+
+        p = w / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return edit
+
+
+def _store(w: Path, rel: str) -> Path:
+    return w / "capstor" / rel
+
+
+def _rm_store(rel: str) -> Callable[[Path], None]:
+    return lambda w: _rm(str(_store(w, rel).relative_to(w)))(w)
+
+
+def _append(rel: str, text: str) -> Callable[[Path], None]:
+    def edit(w: Path) -> None:
+        with open(w / rel, "a") as fh:
+            fh.write(text)
+    return edit
+
+
+def _edit(rel: str, old: str, new: str) -> Callable[[Path], None]:
+    def edit(w: Path) -> None:
+        text = (w / rel).read_text()
+        assert old in text, (rel, old)
+        (w / rel).write_text(text.replace(old, new))
+    return edit
+
+
+CLARIDEN = "config/clariden-70b.yaml"
+_IMAGE = "container-images/ci/vllm_apertus_1.5_release-arm64.sqsh"
+_TARGET = "hf_models/models/swiss-ai/Apertus-v1.5-70B"
+
+
 def _upstream(d: Path, cell) -> Path:
     from test_bad_input import _upstream_cell
 
@@ -376,6 +443,14 @@ ROWS: list[Row] = [
     Row("method-forbidden-flag", "study config",
         check(lambda c, d: c["engine"]["server"]["extra_args"].append("--async-scheduling")),
         ["study.yaml", "engine.server.extra_args", "--async-scheduling with method ngram", "remove it"]),
+    # ---------------------------------------------------------------- study config: warm-up by concurrency
+    Row("warmup-below-concurrency", "study config", check(put("cells.warmup_per_slot", 0)),
+        ["study.yaml", "cells.warmup_requests", "at concurrency 4", "confirmation.concurrency", "warmup_per_slot: 1"]),
+    Row("warmup-by-level-below-concurrency", "study config",
+        check(put("cells.warmup_requests_by_concurrency", {"8": 2})),
+        ["study.yaml", "cells.warmup_requests_by_concurrency.8", "2 warm-up request(s) at concurrency 8"]),
+    Row("sm-warmup-below-concurrency", "study config", sm_cfg(put("cells.warmup_per_slot", 0)),
+        ["bad.yaml", "cells.warmup_requests", "warmup_per_slot"]),
     # ---------------------------------------------------------------- study config: extensions
     Row("extension-arm-unknown", "study config", check(put("extensions.arms", ["ngram-k9"])),
         ["study.yaml", "extensions.arms", "ngram-k9", "ngram-k2"]),
@@ -494,6 +569,36 @@ ROWS: list[Row] = [
     Row("profile-broken-yaml", "environment", lambda d: [
         *SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", _small_config(d))),
         "--profile", str(_profile(d, "executor: local\ncores: [2\n"))], ["prof/config.yaml", "line"]),
+    # ---------------------------------------------------------------- environment: the Clariden login node
+    Row("clariden-login-node-ready", "environment", clariden(), ["ok: config/clariden-70b.yaml"],
+        valid="models, image, EDF and datasets (digests filled in) are where the config and specs say"),
+    Row("clariden-datasets-unset", "environment", clariden(unset=("SPECSTUDY_DATASETS",)),
+        ["corpora/clariden/open_chat.yaml", "source.path", "SPECSTUDY_DATASETS", "is not set", "on the login node",
+         "docs/corpora.md"]),
+    Row("clariden-digest-fill-me", "environment", clariden(fill_digests=False),
+        ["corpora/clariden/code.yaml", "source.sha256", "FILL-ME-sha256-of-HumanEval.jsonl.gz", "sha256sum",
+         "the file there has sha256", "docs/corpora.md"]),
+    Row("clariden-dataset-missing", "environment", clariden(datasets=False),
+        ["corpora/clariden/summarization.yaml", "source.path", "govreport/test.jsonl", "does not exist", "login node"]),
+    Row("clariden-digest-mismatch", "environment", clariden(_append("datasets/govreport/test.jsonl", "{}\n")),
+        ["corpora/clariden/summarization.yaml", "source.sha256", "does not match", "bump 'version'"]),
+    Row("clariden-image-missing", "environment", clariden(_rm_store(_IMAGE)),
+        ["config/clariden-70b.yaml", "engine.container.image", ".sqsh", "login node", "enroot import"]),
+    Row("clariden-target-missing", "environment", clariden(_rm_store(_TARGET)),
+        ["engine.target.path", "Apertus-v1.5-70B", "does not exist", "login node"]),
+    Row("clariden-edf-broken", "environment", clariden(_append("envs/clariden-vllm.toml", "\n[env\nX = 1\n")),
+        ["engine.container.edf", "envs/clariden-vllm.toml", "does not parse as TOML", "line"]),
+    Row("clariden-env-file-missing", "environment", clariden(_edit(CLARIDEN, "envs/clariden-vllm.env", "envs/clariden-vlm.env")),
+        ["engine.container.env_file", "envs/clariden-vlm.env", "not a file"]),
+    Row("sm-clariden-digest-fill-me", "environment", clariden(fill_digests=False, dry=True),
+        ["config/clariden-70b.yaml", "corpora/clariden/open_chat.yaml", "source.sha256", "FILL-ME", "sha256sum"]),
+    Row("sm-clariden-image-missing", "environment", clariden(_rm_store(_IMAGE), dry=True),
+        ["engine.container.image", "login node"]),
+    Row("sm-clariden-edf-broken", "environment", clariden(_append("envs/clariden-vllm.toml", "image = [\n"), dry=True),
+        ["engine.container.edf", "does not parse as TOML"]),
+    Row("sm-clariden-digest-mismatch-before-first-job", "environment",
+        clariden(_append("datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json", " "), real=True),
+        ["corpora/clariden/open_chat.yaml", "does not match", "nothing was submitted"]),
     # ---------------------------------------------------------------- corpora
     Row("corpus-rows-latin1", "corpora", lambda d: _build(_rows_spec(d, _TASKS + '{"task_id": "x", "prompt": "caf\xe9"}\n'
                                                                          .encode("latin-1")), d / "out"),

@@ -110,7 +110,7 @@ def test_the_patch_applies_to_the_pinned_file_and_sets_the_arm(tmp_path, arm, ex
     assert new.splitlines()[-1].endswith('fuse_allreduce_rms false"')
     if arm.startswith("ngram"):
         assert "draft model" not in new.split("sml advanced")[0].replace("no draft model", "")
-        assert "n-gram prompt lookup" in new
+        assert "with ngram (prompt lookup" in new
 
 
 def test_flags_that_cannot_be_proposed_say_why():

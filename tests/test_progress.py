@@ -208,13 +208,44 @@ def test_cost_preview_uses_measured_records(tmp_path):
             "times": {"start": "2026-12-01T10:00:00+00:00", "ready": f"2026-12-01T10:00:{ready:02d}+00:00",
                       "stop": "2026-12-01T10:05:00+00:00"}})
     atomic.write_json(res / "screen" / "arm0" / "rep1" / "code" / "c8" / "summary.json", {
-        "keys": {"concurrency": 8}, "validity": {"valid": True}, "wall_seconds": 6.0, "requests": {"attempted": 12},
-        "drain": {"seconds": 0.2}})
+        "keys": {"workload": "code", "concurrency": 8}, "validity": {"valid": True}, "wall_seconds": 6.0,
+        "requests": {"attempted": 12}, "drain": {"seconds": 0.2}})
     pv = cost.preview(cfg, ROOT / "profiles/local", res)
     assert pv["figures"]["startup_s"] == 50 and pv["sources"]["startup_s"].startswith("measured")
-    assert pv["figures"]["seconds_per_request"][8] == pytest.approx(0.5)
-    assert pv["sources"]["seconds_per_request[c=1]"].startswith("declared")
-    assert pv["sources"]["seconds_per_request[c=8]"].startswith("measured")
+    # per workload: the code cells at c=8 are measured, open chat at c=8 keeps its declared figure
+    assert pv["figures"]["seconds_per_request"]["code"][8] == pytest.approx(0.5)
+    assert pv["sources"]["seconds_per_request[code, c=8]"].startswith("measured")
+    assert pv["sources"]["seconds_per_request[code, c=1]"].startswith("declared")
+    assert pv["sources"]["seconds_per_request[open_chat, c=8]"] == \
+        "declared: cost.seconds_per_request.open_chat 0.54 × c^-0.505"
+    assert pv["figures"]["seconds_per_request"]["open_chat"][8] == pytest.approx(0.54 * 8 ** -0.505)
+
+
+def test_cost_per_workload_prices_long_summaries_above_chat(tmp_path):
+    """The Clariden preview: a deployment's time grows with its summarization cells' own figure, and a config
+    without a figure for one of its workloads is refused naming it."""
+    from specstudy.study.config import ConfigError, check_config
+
+    cfg = load_config(ROOT / "config/clariden-70b.yaml")
+    base = cost.preview(cfg, None, tmp_path)
+    assert base["figures"]["seconds_per_request"]["summarization"][1] == 8.0
+    assert base["figures"]["seconds_per_request"]["open_chat"][1] == 2.8
+    cheaper = cost.preview(dict(cfg, cost=dict(cfg["cost"], seconds_per_request=dict(
+        cfg["cost"]["seconds_per_request"], summarization=2.8))), None, tmp_path)
+    screen = {r["phase"]: r for r in base["phases"]}["screen"]
+    screen_cheap = {r["phase"]: r for r in cheaper["phases"]}["screen"]
+    from specstudy.study.plan import make_plan, request_counts
+
+    sp = make_plan(cfg, "screen")
+    extra = sum(sum(request_counts(cfg["cells"], c["concurrency"])) * (8.0 - 2.8) * c["concurrency"] ** -0.87
+                for d in sp["deployments"] for c in d["cells"] if c["workload"] == "summarization")
+    assert screen["deployment_s"] - screen_cheap["deployment_s"] == pytest.approx(extra)
+    spr = dict(cfg["cost"]["seconds_per_request"])
+    spr.pop("summarization")
+    with pytest.raises(ConfigError, match=r"cost.seconds_per_request': no figure for workload\(s\) summarization"):
+        check_config(dict(cfg, cost=dict(cfg["cost"], seconds_per_request=spr)), "clariden.yaml")
+    with pytest.raises(ConfigError, match=r"chat not a workload"):
+        check_config(dict(cfg, cost=dict(cfg["cost"], seconds_per_request=dict(spr, summarization=8, chat=1))), "c.yaml")
 
 
 def test_progress_reaches_the_terminal_under_make_study(tmp_path):

@@ -14,6 +14,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from specstudy.core import methods
 from specstudy.deployment.command import engine_settings, with_variant
 from specstudy.deployment.filehash import HashCache
 from specstudy.deployment.launch import PROJECT_ROOT, LocalProcessBackend, Server, make_backend, sha256_file
@@ -301,8 +302,9 @@ def collect_provenance(engine_cfg: dict, arm: dict, *, deployment_id: str, backe
     models = {"target": model_info(cfg.get("model"), cache),
               "draft": model_info(cfg.get("draft_model"), cache) if arm.get("method") == "draft_model" else None,
               "tokenizer": str(cfg.get("tokenizer") or cfg.get("model"))}
-    if arm.get("method") in ("eagle", "eagle3") and cfg.get("eagle_head"):
-        models["eagle_head"] = model_info(cfg.get("eagle_head"), cache)
+    decl = methods.find(arm.get("method"))  # a head or drafter of its own (the registry says which), beside the draft
+    if decl and decl.model and decl.model is not methods.DRAFT and cfg.get(decl.model.flat):
+        models[decl.model.section] = model_info(cfg.get(decl.model.flat), cache)
     record = {
         "schema": PROVENANCE_SCHEMA,
         "deployment_id": deployment_id,

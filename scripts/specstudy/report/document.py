@@ -28,7 +28,13 @@ from specstudy.report.sections.capacity import capacity_section
 from specstudy.report.sections.extensions import extension_sections
 from specstudy.report.sections.gpu import gpu_section
 from specstudy.report.sections.inputs import corpus_section, heldout_section, selection_check, selection_section
-from specstudy.report.sections.method import declared_hypotheses, hypotheses_section, method_section, model_section
+from specstudy.report.sections.method import (
+    coverage,
+    declared_hypotheses,
+    hypotheses_section,
+    method_section,
+    model_section,
+)
 from specstudy.report.sections.missing import confirmation_progress, missing_pieces
 from specstudy.report.sections.recommendation import (
     decision_evidence_section,
@@ -104,7 +110,8 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     decision_evidence_section(B, rec, rounds_in_order(files))
     B.append(("h", 2, "Missing pieces"))
     B.append(("ul", missing or ["nothing: all inputs present"]))
-    results_tables(B, comps, s, cells)
+    cov = coverage(comps)  # one coverage simulation: judged beside the results' intervals, shown in the method
+    results_tables(B, comps, s, cells, cov)
     plots_section(B, plots, rec, comps, cells, mem_rows, t["requests"], dr)
     candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     selection_section(B, sel)
@@ -120,7 +127,7 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     model_section(B, model)
     cost = costmodel.report_section(B, cells, deps, (files.mechanics, files.profile), comps)
     hypotheses_section(B, declared, hyp_source, hyps)
-    method_section(B, s)
+    method_section(B, s, cov)
     capacity_section(B, knee_arms(files), out)
     duty_rows = duty.report_section(B, duty.read_records(records_by_phase(files)))
     extension_sections(B, list(files.sections))

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from specstudy.core import atomic
+from specstudy.core import atomic, methods
 from specstudy.core.errors import UserError
 from specstudy.inputs.model_launch import LINE_RE as _LINE_RE
 from specstudy.inputs.model_launch import example_flags, load_manifest, manifest_path
@@ -34,18 +34,11 @@ _ORDER = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_si
 _NOT_SPECULATIVE = {"name", "method", "servable", "skip_reason", "variant", "speculative_config", "extra_args", "env",
                     "model"}
 
-#: The example's header comment for a method other than its own (it describes a draft model otherwise).
-_HEADERS = {
-    "ngram": ["# Speculative decoding: Apertus-v1.5-70B with n-gram prompt lookup (no draft model).",
-              "# Lossless: tokens that continue an n-gram already in the context are proposed and the 70B verifies",
-              "# them. num_speculative_tokens and the prompt_lookup window are tuning knobs, set here by measurement."],
-    "ngram_gpu": ["# Speculative decoding: Apertus-v1.5-70B with GPU n-gram prompt lookup (no draft model).",
-                  "# Lossless: tokens that continue an n-gram already in the context are proposed and the 70B",
-                  "# verifies them. num_speculative_tokens and the prompt_lookup window are set here by measurement."],
-    "suffix": ["# Speculative decoding: Apertus-v1.5-70B with suffix decoding (no draft model).",
-               "# Lossless: continuations of earlier outputs and the prompt are proposed and the 70B verifies them.",
-               "# num_speculative_tokens is the upper limit of one draft, set here by measurement."],
-}
+def _header(method: str) -> list[str]:
+    """The example's header comment for a method with no model of its own (the example's describes a draft
+    model): what the method proposes, from the registry (core.methods)."""
+    return [f"# Speculative decoding: Apertus-v1.5-70B with {method} ({methods.get(method).what}; no draft model).",
+            "# Lossless: the 70B verifies every proposed token. The speculative flags below are set by measurement."]
 
 
 # ------------------------------------------------------------------------------------------- the arm's flags
@@ -81,10 +74,11 @@ def arm_flags(arm: dict, current: dict[str, str], *, draft_model: str | None = N
                 return None, (f"the study measured the drafter {study_draft!r} and the example uses {mine!r}; set "
                               f"recommendation.draft_model to the drafter the example should name")
         flags.append(("model", str(model)))
-    elif method in ("eagle", "eagle3"):
-        return None, f"method {method}: the EAGLE head's published name is not known to the study; no patch"
-    elif method not in _HEADERS:
+    elif methods.find(method) is None:
         return None, f"method {method!r}: the example has no form for it"
+    elif methods.get(method).model is not None:  # a head or drafter of its own: the flags would have to name it
+        return None, (f"method {method}: the published name of {methods.get(method).model.what} is not known to the "
+                      "study; no patch")
     spec = [(k, v) for k, v in arm.items() if k not in _NOT_SPECULATIVE and v is not None]
     flags += [(k, _value(v)) for k, v in spec]
     flags += [(k, _value(v)) for k, v in (arm.get("speculative_config") or {}).items() if k not in dict(flags)]
@@ -97,7 +91,7 @@ def arm_flags(arm: dict, current: dict[str, str], *, draft_model: str | None = N
 def patch_example(text: str, flags: list[tuple[str, str]]) -> str:
     """``text`` with its block of ``--speculative-config.*`` lines replaced by ``flags`` (same indentation; each line
     ends as the block's lines did, the last as the block's last), and for a method other than the example's own
-    the header comment replaced by that method's (:data:`_HEADERS`)."""
+    the header comment replaced by that method's (:func:`_header`)."""
     lines = text.split("\n")
     idx = [i for i, line in enumerate(lines) if _LINE_RE.match(line)]
     if not idx or idx != list(range(idx[0], idx[-1] + 1)):
@@ -109,12 +103,12 @@ def patch_example(text: str, flags: list[tuple[str, str]]) -> str:
     new[-1] = new[-1][: len(new[-1]) - len(inner_tail)] + last["tail"]
     out = lines[: idx[0]] + new + lines[idx[-1] + 1:]
     method = dict(flags)["method"]
-    if method != example_flags(text).get("method") and method in _HEADERS:
+    if method != example_flags(text).get("method") and methods.find(method) and methods.get(method).model is None:
         start = 1 if out and out[0].startswith("#!") else 0
         end = start
         while end < len(out) and out[end].startswith("#"):
             end += 1
-        out = out[:start] + _HEADERS[method] + out[end:]
+        out = out[:start] + _header(method) + out[end:]
     return "\n".join(out)
 
 
@@ -209,7 +203,7 @@ def _describe(flags: list[tuple[str, str]]) -> str:
     if f["method"] == "draft_model":
         return (f"draft model {f.get('model')}, {f.get('num_speculative_tokens')} speculative tokens, draft TP "
                 f"{f.get('draft_tensor_parallel_size')}")
-    if f["method"] in ("ngram", "ngram_gpu"):
+    if "prompt_lookup_min" in f:
         return (f"{f['method']} prompt lookup, {f.get('num_speculative_tokens')} speculative tokens, window "
                 f"{f.get('prompt_lookup_min')}–{f.get('prompt_lookup_max')}")
     return f"{f['method']}, {f.get('num_speculative_tokens')} speculative tokens"

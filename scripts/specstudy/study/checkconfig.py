@@ -3,7 +3,8 @@
 Snakemake reads ``--configfile`` itself and reports a YAML error as "Config file is not valid JSON
 or YAML" without the file or line; this command names both (and every schema or cross-field
 problem, with the field), before Snakemake is involved, then runs the same machine checks as the
-workflow's parse (specstudy.study.preflight: engine files, client CPUs, extension arms) and checks the
+workflow's parse (specstudy.study.preflight: engine files, the container's image and EDF, the datasets with
+their full sha256, client CPUs, extension arms) and checks the
 pre-registration of the results so far (lock and recorded hashes).
 """
 
@@ -25,7 +26,7 @@ def check(path: str | Path, profile: str | Path | None = None, results: str | Pa
         from specstudy.study.cost import profile_info
 
         profile_info(profile)  # a profile option specstudy reads (cores, jobs) that it cannot use names the file
-    preflight.check_study(cfg, str(path), profile=profile)
+    preflight.check_study(cfg, str(path), profile=profile, digests=True)
     if results:  # the study's results so far: the pre-registration they were measured under
         import os
 

@@ -15,7 +15,7 @@ from specstudy.core.errors import ConfigError, UserError
 from specstudy.study.engine_methods import methods_record_path
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
-           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
+           "prereg_path", "request_counts", "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -138,6 +138,81 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
     return problems
 
 
+def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
+    """(measured, warm-up) request counts of a cell at ``concurrency``.
+
+    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
+    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
+    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
+    concurrency 1 long. ``cells.warmup_per_slot`` sizes the warm-up by rule: ``warmup_per_slot`` x concurrency
+    requests (one batch at the cell's concurrency per unit), at least ``warmup_requests``; a level named in
+    ``warmup_requests_by_concurrency`` keeps its own figure.
+    """
+    def pick(by_key: str, default: int) -> int:
+        by = settings.get(by_key) or {}
+        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
+        return int(default if value is None else value)
+
+    warm = int(settings["warmup_requests"])
+    if settings.get("warmup_per_slot") is not None:
+        warm = max(warm, int(settings["warmup_per_slot"]) * int(concurrency))
+    return pick("requests_by_concurrency", int(settings["requests"])), pick("warmup_requests_by_concurrency", warm)
+
+
+def prereg_path(cfg: dict) -> Path:
+    """The pre-registration file the config names: relative to the working directory, else to the repository."""
+    p = Path(cfg["study"]["preregistration"])
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
+def _confirmation_concurrency(cfg: dict) -> tuple[str, list[int]]:
+    """The pre-registration's confirmation concurrencies, read where the config names it; ``[]`` when the file
+    cannot be read (its own checks, :func:`specstudy.study.prereg.load_prereg`, then name what is wrong)."""
+    try:
+        path = prereg_path(cfg)
+        prereg = _load_yaml(path, "pre-registration")
+        conc = (prereg.get("confirmation") or {}).get("concurrency") or []
+        return str(path), [int(c) for c in conc]
+    except (ConfigError, OSError, AttributeError, TypeError, ValueError):
+        return "", []
+
+
+def _warmup_problems(cfg: dict) -> list[str]:
+    """Every cell warms up at least as many requests as its concurrency: the warm-up runs the workload at the
+    cell's concurrency shape (one full batch before the window opens), as the pre-registration promises."""
+    from specstudy.study import phase_decl
+
+    prereg_file, confirm = _confirmation_concurrency(cfg)
+    where = [("cells", dict(cfg["cells"]), "screen.concurrency", list(cfg["screen"]["concurrency"]))]
+    if confirm:
+        where.append(("cells", dict(cfg["cells"]), f"confirmation.concurrency of {prereg_file}", confirm))
+    for phase in phase_decl.declared(cfg):
+        decl = phase_decl.DECLS[phase]
+        if decl.has_cells:
+            s = phase_decl.section(cfg, phase)
+            own = {k: s[k] for k in ("requests", "warmup_requests") if k in s}
+            field = f"extensions.{phase}" if "warmup_requests" in own else "cells"
+            where.append((field, {**cfg["cells"], **own}, f"extensions.{phase}.concurrency",
+                          decl.cell_concurrency(cfg)))
+    problems: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for section, settings, levels_from, levels in where:
+        for c in levels:
+            warm = request_counts(settings, c)[1]
+            if warm >= c or (section, c) in seen:
+                continue
+            seen.add((section, c))
+            by = settings.get("warmup_requests_by_concurrency") or {}
+            field = (f"cells.warmup_requests_by_concurrency.{c}" if section == "cells" and str(c) in by
+                     else f"{section}.warmup_requests")
+            problems.append(
+                f"field '{field}': {warm} warm-up request(s) at concurrency {c} ({levels_from}) is fewer than the "
+                f"concurrency, so the warm-up never runs the cell's concurrency shape; set cells.warmup_per_slot: 1 "
+                f"(warm-up = concurrency, at least warmup_requests) or warmup_requests_by_concurrency: "
+                f"{{\"{c}\": {c}}}")
+    return problems
+
+
 def check_config(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
     try:
@@ -172,6 +247,19 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
             load_manifest(manifest_path(launch_ref, REPO_ROOT))
         except UserError as exc:
             problems.append(f"field 'recommendation.model_launch': {exc}")
+    problems.extend(_warmup_problems(cfg))
+    per_request = (cfg.get("cost") or {}).get("seconds_per_request")
+    if per_request is not None:
+        workloads = list(cfg["corpora"]["workloads"])
+        missing = [w for w in workloads if w not in per_request]
+        unknown = [w for w in per_request if w not in workloads]
+        if missing:
+            problems.append(f"field 'cost.seconds_per_request': no figure for workload(s) {', '.join(missing)}; declare "
+                            "the seconds per request at concurrency 1 of every workload of corpora.workloads (e.g. "
+                            f"{missing[0]}: 2.5): long-input workloads cost far more than open chat")
+        if unknown:
+            problems.append(f"field 'cost.seconds_per_request': {', '.join(unknown)} not a workload of corpora.workloads "
+                            f"({', '.join(workloads)}); rename or remove it")
     from specstudy.inference.decision import MOVED_TO_TRAFFIC
 
     for k, dest in MOVED_TO_TRAFFIC.items():

@@ -9,9 +9,11 @@ Model of one deployment (the phases of :mod:`specstudy.measure.progress`):
 
     start-up + smoke + Σ_cells [(warm-up + measured requests) × seconds/request(c) + drain] + stop/other
 
-seconds/request(c) is the wall time of a closed-loop window divided by its request count at
-concurrency c: measured = median over this study's valid cells at that concurrency; declared =
-``cost.seconds_per_request`` × c^(−``cost.concurrency_exponent``). A capacity deployment is
+seconds/request(w, c) is the wall time of a closed-loop window divided by its request count, per workload w
+(a 16k–64k-token summarization request costs far more than an open-chat one) and concurrency c: measured =
+median over this study's valid cells of that workload at that concurrency; declared =
+``cost.seconds_per_request.<w>`` × c^(−``cost.concurrency_exponent``) (``config.check_config`` requires a
+figure for every workload). A capacity deployment is
 start-up + smoke + the search (measured: median ``capacity`` phase; declared: ``cost.capacity_search_s``).
 
 Wall time: phases run one after the other (confirmation needs the selection, capacity the final
@@ -39,7 +41,7 @@ DEFAULTS = {
     "startup_s": 60.0,
     "smoke_s": 10.0,
     "stop_s": 10.0,
-    "seconds_per_request": 1.0,
+    "seconds_per_request": None,  # per workload: 1.0 s for each (built-in default) when the config has no cost section
     "concurrency_exponent": 0.8,
     "drain_s": 1.0,
     "capacity_search_s": 300.0,
@@ -69,7 +71,7 @@ def measured(results: str | Path) -> dict:
             stop.append(s["stop"] + s["other"])
             if s["capacity"]:
                 cap.append(s["capacity"])
-    per_req: dict[int, list[float]] = {}
+    per_req: dict[tuple[str, int], list[float]] = {}
     drains = []
     for p in sorted(results.glob(layout.glob_pattern("cell", ""))) if results.exists() else []:
         if not layout.matches("cell", p) or layout.parse("cell", p)["phase"] not in CORE_PHASES:
@@ -80,13 +82,14 @@ def measured(results: str | Path) -> dict:
             continue
         n = (s.get("requests") or {}).get("attempted")
         if (s.get("validity") or {}).get("valid") and s.get("wall_seconds") and n:
-            per_req.setdefault(int(s["keys"]["concurrency"]), []).append(float(s["wall_seconds"]) / n)
+            per_req.setdefault((str(s["keys"]["workload"]), int(s["keys"]["concurrency"])), []).append(
+                float(s["wall_seconds"]) / n)
             d = (s.get("drain") or {}).get("seconds")
             if d is not None:
                 drains.append(float(d))
     return {"deployments": len(recs), "startup_s": median(startup), "smoke_s": median(smoke),
             "stop_s": median(stop), "capacity_search_s": median(cap), "drain_s": median(drains),
-            "seconds_per_request": {c: median(v) for c, v in sorted(per_req.items())},
+            "seconds_per_request": {k: median(v) for k, v in sorted(per_req.items())},
             "n": {"startup": len(startup), "smoke": len(smoke), "stop": len(stop), "capacity": len(cap),
                   "cells": sum(len(v) for v in per_req.values()), "drain": len(drains)}}
 
@@ -173,15 +176,18 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
     drain = pick("drain_s", "drain")
     cap_search = pick("capacity_search_s", "capacity")
     mreq = meas["seconds_per_request"]
-    req_sources: dict[int, str] = {}
+    declared_req = declared["seconds_per_request"] or {w: 1.0 for w in cfg["corpora"]["workloads"]}
+    req_sources: dict[tuple[str, int], str] = {}
 
-    def per_request(c: int) -> float:
-        if c in mreq:
-            req_sources[c] = f"measured: median of valid cells at c={c} under {results}"
-            return mreq[c]
-        req_sources[c] = (f"declared: cost.seconds_per_request {declared['seconds_per_request']} × "
-                          f"c^-{declared['concurrency_exponent']}")
-        return float(declared["seconds_per_request"]) * c ** (-float(declared["concurrency_exponent"]))
+    def per_request(workload: str, c: int) -> float:
+        if (workload, c) in mreq:
+            req_sources[workload, c] = f"measured: median of valid {workload} cells at c={c} under {results}"
+            return mreq[workload, c]
+        base = float(declared_req[workload])
+        req_sources[workload, c] = (f"declared: cost.seconds_per_request.{workload} {base} × "
+                                    f"c^-{declared['concurrency_exponent']}"
+                                    + ("" if declared["seconds_per_request"] else " (built-in default)"))
+        return base * c ** (-float(declared["concurrency_exponent"]))
 
     cells_cfg = cfg["cells"]
     phases = []
@@ -204,7 +210,7 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
             for cell in dep["cells"]:
                 c = int(cell["concurrency"])
                 n_req, n_warm = request_counts(cells_cfg, c)  # the counts the deployment job itself sends
-                t += (n_req + n_warm) * per_request(c) + drain
+                t += (n_req + n_warm) * per_request(cell["workload"], c) + drain
                 cells += 1
                 reqs += n_req
                 warm += n_warm
@@ -225,10 +231,17 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
                       "wall_s": total_wall, "node_hours": sum(r["node_hours"] for r in phases)},
             "figures": {"startup_s": startup, "smoke_s": smoke, "stop_s": stop, "drain_s": drain,
                         "capacity_search_s": cap_search,
-                        "seconds_per_request": {c: per_request(c) for c in sorted(req_sources)}},
-            "sources": {**sources, **{f"seconds_per_request[c={c}]": v for c, v in sorted(req_sources.items())},
+                        "seconds_per_request": _nested({k: per_request(*k) for k in sorted(req_sources)})},
+            "sources": {**sources, **{f"seconds_per_request[{w}, c={c}]": v for (w, c), v in sorted(req_sources.items())},
                         "other_steps_s": f"declared: cost.other_steps_s = {other}"},
             "measured_deployments": meas["deployments"]}
+
+
+def _nested(flat: dict[tuple[str, int], float]) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for (w, c), v in flat.items():
+        out.setdefault(w, {})[c] = v
+    return out
 
 
 def p_arms(p: dict) -> list[str]:
@@ -270,10 +283,11 @@ def render(pv: dict, config_path: str = "") -> str:
     for key, label in (("startup_s", "server start-up (launch -> ready)"), ("smoke_s", "smoke captures"),
                        ("stop_s", "stop + bookkeeping"), ("drain_s", "drain per cell"),
                        ("capacity_search_s", "capacity search")):
-        lines.append(f"  {label:<34} {f[key]:>8.1f} s   {pv['sources'][key]}")
-    for c, v in f["seconds_per_request"].items():
-        lines.append(f"  {'seconds per request at c=' + str(c):<34} {v:>8.3f} s   "
-                     f"{pv['sources'][f'seconds_per_request[c={c}]']}")
+        lines.append(f"  {label:<40} {f[key]:>8.1f} s   {pv['sources'][key]}")
+    for w, by_c in f["seconds_per_request"].items():
+        for c, v in by_c.items():
+            lines.append(f"  {f'seconds per request, {w} c={c}':<40} {v:>8.3f} s   "
+                         f"{pv['sources'][f'seconds_per_request[{w}, c={c}]']}")
     if not pv["measured_deployments"]:
         lines.append("No earlier deployment of this study found: every time above is a declared default.")
     return "\n".join(lines) + "\n"

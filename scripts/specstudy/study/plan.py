@@ -28,7 +28,7 @@ from pathlib import Path
 from specstudy.core import layout, methods
 from specstudy.core.arms import ARM_PATTERN, VARIANT_SETTINGS, arm_name
 from specstudy.core.atomic import sha256_file
-from specstudy.study.config import ConfigError
+from specstudy.study.config import ConfigError, request_counts  # noqa: F401  (request_counts: read from here too)
 from specstudy.study.phase_decl import CORE_PHASES, DECLS, PHASES
 from specstudy.study.prereg import load_prereg, prereg_path
 
@@ -251,22 +251,3 @@ def prereg_lock(cfg: dict | None = None, path: str | Path | None = None) -> dict
             "content": lock_content(path)}
 
 
-def request_counts(settings: dict, concurrency: int) -> tuple[int, int]:
-    """(measured, warm-up) request counts of a cell at ``concurrency``.
-
-    ``cells.requests_by_concurrency`` / ``cells.warmup_requests_by_concurrency`` (keys are concurrency
-    levels) override ``cells.requests`` / ``cells.warmup_requests`` for the levels they name, so a cell at
-    concurrency 32 can send enough requests to keep 32 in flight for a while without making the cells at
-    concurrency 1 long. ``cells.warmup_per_slot`` sizes the warm-up by rule: ``warmup_per_slot`` x concurrency
-    requests (one batch at the cell's concurrency per unit), at least ``warmup_requests``; a level named in
-    ``warmup_requests_by_concurrency`` keeps its own figure.
-    """
-    def pick(by_key: str, default: int) -> int:
-        by = settings.get(by_key) or {}
-        value = by.get(str(int(concurrency)), by.get(int(concurrency)))
-        return int(default if value is None else value)
-
-    warm = int(settings["warmup_requests"])
-    if settings.get("warmup_per_slot") is not None:
-        warm = max(warm, int(settings["warmup_per_slot"]) * int(concurrency))
-    return pick("requests_by_concurrency", int(settings["requests"])), pick("warmup_requests_by_concurrency", warm)

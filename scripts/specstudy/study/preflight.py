@@ -4,8 +4,14 @@
 (every command, every job). This module adds what depends on the machine the study runs on: the
 engine's files (interpreter, models, chat template, methods record) and the load generator's CPU
 pinning against this machine or the Slurm profile's node; and the extension phases' arm names against
-the factorial. ``specstudy check-config`` and the workflow's parse time (rules/common.smk) run the same
-:func:`check_study`, so a dry run stops where ``check-config`` does.
+the factorial; the datasets the corpus specs read (:func:`dataset_problems`) and the container the
+deployments start (:func:`container_problems`). ``specstudy check-config`` and the workflow's parse time
+(rules/common.smk) run the same :func:`check_study`, so a dry run stops where ``check-config`` does; the
+datasets' full digests are compared by ``check-config`` and by the workflow's ``onstart`` handler (before the
+first job of a real run, never in a dry run), not at every parse.
+
+Every path is checked from the machine that runs the check: on Clariden that is the login node, whose
+shared file systems (/capstor, $SCRATCH) the compute nodes see at the same paths.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def engine_path_problems(cfg: dict) -> list[str]:
         if not path or _built_by_workflow(cfg, path):
             continue
         if not Path(path).exists():
-            problems.append(f"field '{field}': {path} does not exist on this machine; give {what} (every deployment "
+            problems.append(f"field '{field}': {path} does not exist on this machine (checked from here, e.g. the "
+                            f"login node: compute nodes see the same shared paths); give {what} (every deployment "
                             "of an arm that needs it would fail at server start)")
         elif not Path(path).is_dir():
             problems.append(f"field '{field}': {path} is a file; give {what} (the directory holding config.json)")
@@ -61,6 +68,125 @@ def engine_path_problems(cfg: dict) -> list[str]:
     if template and not _built_by_workflow(cfg, template) and not _resolve(template).is_file():
         problems.append(f"field 'engine.target.chat_template': {template} is not a file; give the Jinja chat template "
                         "file or remove the field to use the model's own")
+    return problems
+
+
+#: where docs/corpora.md says how to put a dataset on a login node and fill in its digest
+DATASETS_HOWTO = 'docs/corpora.md, "Production: pointing specs at public datasets on disk"'
+
+
+def _spec_files(cfg: dict) -> list[tuple[str, str]]:
+    """(field, spec path) of every corpus the study builds: its workloads and the smoke set."""
+    corpora = cfg["corpora"]
+    return [*((f"corpora.workloads.{w}", p) for w, p in corpora["workloads"].items()), ("corpora.smoke", corpora["smoke"])]
+
+
+def _built_with(spec: dict, sha: str, root: str) -> bool:
+    """The corpus of ``spec`` was already built from a source with this sha256 (the build compared it then)."""
+    from specstudy.core import atomic, layout
+
+    record = Path(layout.corpus_json(spec["name"], spec["version"], root))
+    try:
+        return any(str(src.get("sha256", "")).lower() == sha for src in atomic.read_json(record).get("sources") or [])
+    except (OSError, ValueError, AttributeError, atomic.BadFile):
+        return False
+
+
+def dataset_problems(cfg: dict, *, digests: bool = False, skip_built: str | None = None) -> list[str]:
+    """The datasets the corpus specs read, as a login node must hold them before anything is submitted: the
+    ``${VAR}`` of ``source.path`` set (``SPECSTUDY_DATASETS``), the file there, ``source.sha256`` filled in (not
+    a ``FILL-ME`` placeholder) and, with ``digests``, equal to the file's sha256 (read in full; ``skip_built``:
+    a results root whose built corpus already recorded that sha256 is not read again)."""
+    from specstudy.inputs.corpus import (
+        _SHA_RE,
+        CorpusError,
+        check_source,
+        load_spec,
+        resolve_source_path,
+        source_sha256,
+    )
+
+    problems = []
+    for field, spec_file in _spec_files(cfg):
+        spec_path = _resolve(spec_file)
+        try:
+            spec = load_spec(spec_path)
+        except CorpusError as exc:
+            problems.append(f"field '{field}': {exc}")
+            continue
+        declared = str(spec["source"]["sha256"]).lower()
+        obtain = f" (obtain: {spec['source']['obtain']})" if spec["source"].get("obtain") else ""
+        path = None
+        try:
+            path = resolve_source_path(spec, spec_path)
+        except CorpusError as exc:
+            problems.append(f"{exc}; on the login node put the dataset there{obtain} before submitting "
+                            f"({DATASETS_HOWTO})")
+        if path is not None and not path.exists():
+            problems.append(f"{spec_file}: field 'source.path': {path} does not exist (checked from this machine, e.g. "
+                            f"the login node); place the dataset there{obtain} or edit source.path ({DATASETS_HOWTO}). "
+                            "Nothing is downloaded at run time")
+            path = None
+        if not _SHA_RE.match(declared):
+            actual = (f" (the file there has sha256 {source_sha256(path, spec['format'], spec.get('options') or {})})"
+                      if digests and path is not None else "")
+            problems.append(f"{spec_file}: field 'source.sha256' is still the placeholder {spec['source']['sha256']!r}"
+                            f"{actual}; on the login node run `sha256sum {path or spec['source']['path']}`, check it is "
+                            f"the dataset you mean and write that value into the spec ({DATASETS_HOWTO})")
+        elif path is not None and digests and not (skip_built and _built_with(spec, declared, skip_built)):
+            try:
+                check_source(spec, spec_path)
+            except CorpusError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def _local_path(value: str) -> bool:
+    """A container image or EDF named by a path on this machine (not a registry reference or an EDF name)."""
+    return value.startswith(("/", "./", "../", "~", "$")) or value.endswith((".sqsh", ".squashfs", ".toml"))
+
+
+def container_problems(cfg: dict) -> list[str]:
+    """The container backend's files, checked from this machine (the login node): the EDF parses as TOML and
+    the image it runs (``engine.container.image``, else the EDF's ``image``) exists where it is a local path;
+    ``engine.container.env_file`` exists. A registry image or a named EDF is left to the container engine."""
+    engine = cfg["engine"]
+    if engine.get("backend") != "container":
+        return []
+    import tomllib
+
+    container = engine.get("container") or {}
+    problems = []
+    image, image_field = container.get("image"), "engine.container.image"
+    edf = container.get("edf")
+    if edf and _local_path(str(edf)):
+        p = _resolve(os.path.expanduser(os.path.expandvars(str(edf))))
+        if not p.is_file():
+            problems.append(f"field 'engine.container.edf': {edf} is not a file on this machine (checked from here, "
+                            "e.g. the login node); give the Environment Definition File (.toml), e.g. "
+                            "envs/clariden-vllm.toml")
+        else:
+            try:
+                with open(p, "rb") as fh:
+                    data = tomllib.load(fh)
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                problems.append(f"field 'engine.container.edf': {edf} does not parse as TOML ({exc}); fix the EDF "
+                                "(https://docs.cscs.ch/software/container-engine/edf/), every deployment would fail "
+                                "at srun --environment")
+            else:
+                if not image and isinstance(data.get("image"), str):
+                    image, image_field = data["image"], f"image of {edf}"
+    if image and _local_path(str(image)):
+        p = Path(os.path.expanduser(os.path.expandvars(str(image))))
+        if not p.is_file():
+            problems.append(f"field '{image_field}': {image} does not exist on this machine (checked from here, e.g. "
+                            "the login node: compute nodes see the same shared paths); give the squashfs image "
+                            "(build it with `enroot import docker://<image>` on a compute node and keep the .sqsh on "
+                            "a shared store)")
+    env_file = container.get("env_file")
+    if env_file and not _resolve(os.path.expanduser(os.path.expandvars(str(env_file)))).is_file():
+        problems.append(f"field 'engine.container.env_file': {env_file} is not a file on this machine; give the "
+                        "KEY=VALUE file of the server's variables (e.g. envs/clariden-vllm.env) or remove the field")
     return problems
 
 
@@ -149,11 +275,15 @@ def method_probe_problems(cfg: dict, source: str) -> list[str]:
             for name in missing]
 
 
-def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True) -> None:
+def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True,
+                digests: bool = False, datasets: bool = True) -> None:
     """Raise :class:`ConfigError` listing every machine-dependent problem of an already checked config.
     ``cpus=False`` where the deployments run on other nodes than this process and no profile says which
-    (the workflow parsed under a cluster executor: ``check-config --profile`` checks them)."""
-    problems = (engine_path_problems(cfg) + method_probe_problems(cfg, source)
+    (the workflow parsed under a cluster executor: ``check-config --profile`` checks them); ``digests``: read
+    every dataset in full and compare its sha256 (``check-config``); ``datasets=False`` where the corpora
+    are built already (a deployment job's own parse)."""
+    problems = (engine_path_problems(cfg) + method_probe_problems(cfg, source) + container_problems(cfg)
+                + (dataset_problems(cfg, digests=digests) if datasets else [])
                 + (client_cpu_problems(cfg, profile) if cpus else []) + extension_arm_problems(cfg))
     if problems:
         raise ConfigError(f"{source}: the study cannot run as configured:\n  - " + "\n  - ".join(problems))

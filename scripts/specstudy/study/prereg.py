@@ -16,12 +16,7 @@ from typing import Any
 
 from specstudy.core import schemas
 from specstudy.core.errors import UserError
-from specstudy.study.config import REPO_ROOT, ConfigError, _load_yaml
-
-
-def prereg_path(cfg: dict) -> Path:
-    p = Path(cfg["study"]["preregistration"])
-    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+from specstudy.study.config import ConfigError, _load_yaml, prereg_path  # noqa: F401  (prereg_path: read from here)
 
 
 def check_hypotheses(prereg: dict, workloads, source: str = "<pre-registration>") -> None:

@@ -31,17 +31,31 @@ def model_section(B, model):
                 fmt(p["p"], "{:.3g}")] for p in model["params"]]))
 
 
-def method_section(B, s):
+#: the interval methods whose coverage the report simulates
+COVERAGE_METHODS = ("t_log", "bootstrap_percentile", "bootstrap_bca")
+
+
+def coverage(comps: list[dict]) -> list[dict]:
+    """The coverage simulation the report shows (section "Statistical method") and judges the results' intervals
+    by: 3 and 5 repeats, and each repeat count below 5 that a comparison has (exact bootstrap enumeration beyond
+    that is too slow for a report)."""
+    from specstudy.inference import simulate
+
+    ns = sorted({3, 5} | {int(c["speedup"]["n"]) for c in comps if 2 <= int(c["speedup"].get("n") or 0) < 5})
+    return simulate.coverage_table(ns=tuple(ns), methods=COVERAGE_METHODS, sims=300, seed=7)
+
+
+def method_section(B, s, cov: list[dict]):
     from specstudy.inference import simulate
 
     a = s["analysis"]
     B.append(("h", 2, "Statistical method"))
-    methods = ("t_log", "bootstrap_percentile", "bootstrap_bca")
-    cov = simulate.coverage_table(ns=(3, 5), methods=methods, sims=300, seed=7)
+    methods = COVERAGE_METHODS
     B.append(("p", "The independent unit is the deployment repeat. Arm repeat r is paired with the baseline repeat r "
                    "of the same phase, workload and concurrency. Interval: "
                    f"{a['ci_method']} at {a['confidence']:.0%} on the geometric mean of per-repeat ratios; the bootstrap "
-                   "(exact enumeration for n ≤ 6, BCa falling back to percentile) is shown in recommendation.json. "
+                   "(exact enumeration for n ≤ 6, BCa falling back to percentile) is shown beside it in the results "
+                   "tables and in recommendation.json. "
                    "Simulated coverage of a known effect under four deployment-effect scenarios (300 simulated "
                    "studies for t, 150 for the bootstraps; scenarios: "
                    + "; ".join(f"{k}: {v}" for k, v in simulate.SCENARIOS.items()) + "):"))

@@ -58,7 +58,41 @@ def dropped_arms(phase: str, comps: list[dict]) -> list[str]:
     return out
 
 
-def results_tables(B, comps: list[dict], s: dict, cells: list[dict] | None = None) -> None:
+def fmt_boot(d: dict) -> str:
+    """The bootstrap interval of a comparison (BCa, else percentile), as ``fmt_ci`` shows the primary one."""
+    if not d or not d.get("n"):
+        return "–"
+    if d.get("boot_low") is None:
+        return "–"
+    used = str(d.get("boot_method") or "")
+    kind = "BCa" if used == "bca" else "percentile" if used.startswith("percentile") else used or "bootstrap"
+    return f"[{fmt(d['boot_low'])}, {fmt(d['boot_high'])}] {kind}"
+
+
+def coverage_note(pc: list[dict], s: dict, cov: list[dict]) -> str:
+    """The coverage simulation's verdict on each interval the table shows, at the phase's repeat counts."""
+    from specstudy.inference.simulate import METHOD_LABELS, coverage_verdicts
+
+    conf = float(s["analysis"]["confidence"])
+    parts = []
+    for n in sorted({int(c["speedup"]["n"]) for c in pc if (c["speedup"].get("n") or 0) >= 2}):
+        v = coverage_verdicts(cov, n, conf)
+        if v is None:
+            continue
+        where = f"n = {n}" if v["t_log"]["n"] == n else f"n = {n} (simulated at n = {v['t_log']['n']})"
+        parts.append(f"{where}: " + "; ".join(
+            f"{METHOD_LABELS[m]} {r['verdict']} ({r['min']:.2f}–{r['max']:.2f}"
+            + (f", below {conf - 0.03:.2f} under {', '.join(r['under'])})" if r["under"] else ")")
+            for m, r in v.items()))
+    if not parts:
+        return "No coverage simulation covers these repeat counts (fewer than 2 repeats: no interval)."
+    return ("Coverage simulation of each interval (section \"Statistical method\"; simulated share of intervals "
+            f"covering a known effect over four scenarios, nominal {conf:.0%}) at this phase's repeats: "
+            + " | ".join(parts) + ".")
+
+
+def results_tables(B, comps: list[dict], s: dict, cells: list[dict] | None = None,
+                   cov: list[dict] | None = None) -> None:
     for phase in ("confirm", "screen"):
         pc = [c for c in comps if c["phase"] == phase]
         B.append(("h", 2, f"Results per workload × concurrency ({phase})"))
@@ -72,18 +106,24 @@ def results_tables(B, comps: list[dict], s: dict, cells: list[dict] | None = Non
             B.append(("ul", dropped))
         B.append(("p", "Speedup = arm output tokens/s ÷ baseline output tokens/s of the same rep (pairs by rep "
                        f"index). Cells show geometric mean [{int(s['analysis']['confidence'] * 100)}% CI, "
-                       f"{s['analysis']['ci_method']}], median and each repeat; absolute values are medians."))
+                       f"{s['analysis']['ci_method']}], beside it the {int(s['analysis']['confidence'] * 100)}% "
+                       "bootstrap interval over the same deployment-level ratios, median and each repeat; absolute "
+                       "values are medians."))
         rows = []
         for c in sorted(pc, key=lambda c: (c["workload"], c["concurrency"], c["arm"])):
             ab = c["absolute"]
             rows.append([c["workload"], c["concurrency"], c["arm"], fmt(ab["base_otps"], "{:.1f}"),
-                         fmt(ab["arm_otps"], "{:.1f}"), fmt_ci(c["speedup"]), fmt(c["speedup"]["median"]),
+                         fmt(ab["arm_otps"], "{:.1f}"), fmt_ci(c["speedup"]), fmt_boot(c["speedup"]),
+                         fmt(c["speedup"]["median"]),
                          fmt_reps(c["speedup"]), fmt_ci(c["tpot_ratio"]), fmt(ab["base_tpot_ms"], "{:.2f}"),
                          fmt(ab["arm_tpot_ms"], "{:.2f}"), fmt_ci(c["ttft_ratio"]), fmt(ab["acceptance_rate"]),
                          f"{c['speedup']['n']}/{c['n_excluded']}"])
-        B.append(("table", ["workload", "c", "arm", "base tok/s", "arm tok/s", "speedup gm [CI]", "median",
+        B.append(("table", ["workload", "c", "arm", "base tok/s", "arm tok/s", "speedup gm [CI]",
+                            "speedup bootstrap CI", "median",
                             "repeats", "TPOT ratio [CI]", "base TPOT ms", "arm TPOT ms", "TTFT ratio [CI]",
                             "acceptance", "n/excluded"], rows))
+        if cov is not None:
+            B.append(("p", coverage_note(pc, s, cov)))
 
 
 def plots_section(B, plots: Path, rec: dict, comps: list[dict], cells: list[dict], mem_rows: list[dict], requests,
