@@ -14,6 +14,10 @@ settings — ``speculative_config`` keys (:data:`SPECULATIVE_OVERRIDES`), server
 named ``<arm>+<variant>`` (``draft-k3-tp1+eager-draft``). Variants are deployed only where they are named
 (``extensions.arms``), never by the factorial's screening; :func:`override_problems` checks their settings.
 
+In a study of several engine builds (``engines`` in the study config) every arm, the baseline included, is
+named with its build after ``@``: ``draft-k3-tp1@v026``, ``baseline@v023`` (:func:`engine_of`,
+:func:`baseline_of`); with one engine names carry no ``@``.
+
 Which of them the pinned engine serves is a recorded engine fact (:mod:`specstudy.study.engine_methods`,
 docs/methods.md), not a property of the name.
 
@@ -28,14 +32,17 @@ from __future__ import annotations
 
 import re
 
-#: The arm-name alternatives, usable as a Snakemake wildcard constraint.
 #: A variant's own name (the part after ``+``).
 VARIANT_PATTERN = r"[a-z0-9][a-z0-9_-]*"
+#: An engine build's name (the part after ``@``; a key of the study config's ``engines``).
+ENGINE_PATTERN = r"[a-z][a-z0-9_]*"
+#: The arm-name alternatives, usable as a Snakemake wildcard constraint.
 ARM_PATTERN = (r"(?:baseline|draft-k[0-9]+-tp[0-9]+|(?:ngram|ngram_gpu|suffix|eagle|eagle3)-k[0-9]+)"
-               r"(?:\+" + VARIANT_PATTERN + r")?")
-#: A whole arm name (groups: k and tp of a draft arm; the method prefix and k of any other arm; the variant).
+               r"(?:\+" + VARIANT_PATTERN + r")?(?:@" + ENGINE_PATTERN + r")?")
+#: A whole arm name (groups: k and tp of a draft arm; the method prefix and k of any other arm; the variant;
+#: the engine build).
 ARM_RE = re.compile(r"^(?:baseline|draft-k([0-9]+)-tp([0-9]+)|(ngram|ngram_gpu|suffix|eagle|eagle3)-k([0-9]+))"
-                    r"(?:\+(" + VARIANT_PATTERN + r"))?$")
+                    r"(?:\+(" + VARIANT_PATTERN + r"))?(?:@(" + ENGINE_PATTERN + r"))?$")
 #: Methods whose arm is named ``<method>-k<k>`` (the prefix is the vLLM method's own name).
 K_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3")
 METHODS = ("baseline", "draft_model", *K_METHODS)
@@ -46,7 +53,8 @@ _UPSTREAM_RE = re.compile(r"(?:^|[-/])(baseline|draft-n(\d+)-tp(\d+)|ngram-n(\d+
 def arm_name(spec: dict) -> str:
     """The name of an arm spec (``baseline``, ``draft-k3-tp1``, ``ngram-k3``, ``suffix-k8``, ...).
 
-    A spec with ``variant`` is named ``<arm>+<variant>``. Raises :class:`ValueError` for a method not in
+    A spec with ``variant`` is named ``<arm>+<variant>``, one with ``engine`` (a study of several engine
+    builds) ``<arm>@<engine>`` (``draft-k3-tp1+eager-draft@v026``). Raises :class:`ValueError` for a method not in
     :data:`METHODS`.
     """
     method = spec.get("method")
@@ -58,13 +66,14 @@ def arm_name(spec: dict) -> str:
         base = f"{method}-k{spec['num_speculative_tokens']}"
     else:
         raise ValueError(f"arm {spec!r}: field 'method' must be one of {', '.join(METHODS)}")
-    return f"{base}+{spec['variant']}" if spec.get("variant") else base
+    name = f"{base}+{spec['variant']}" if spec.get("variant") else base
+    return f"{name}@{spec['engine']}" if spec.get("engine") else name
 
 
 def parse_arm(name: str) -> dict:
     """The spec fields an arm name fixes: ``name``, ``method`` and, where the method has them,
     ``num_speculative_tokens`` and ``draft_tensor_parallel_size``; ``variant`` for a variant's name (its
-    settings are the study config's, not the name's).
+    settings are the study config's, not the name's); ``engine`` for an arm of one of several engine builds.
 
     Raises :class:`ValueError` for a string that is not an arm name.
     """
@@ -73,6 +82,8 @@ def parse_arm(name: str) -> dict:
         raise ValueError(f"{name!r} is not an arm name (baseline, draft-k<N>-tp<N> or "
                          f"<method>-k<N> with <method> one of {', '.join(K_METHODS)})")
     variant = {"variant": m[5]} if m[5] else {}
+    if m[6]:
+        variant["engine"] = m[6]
     if m[1] is not None:
         return {"name": name, "method": "draft_model", "num_speculative_tokens": int(m[1]),
                 "draft_tensor_parallel_size": int(m[2]), **variant}
@@ -153,3 +164,23 @@ def override_problems(where: str, method: str | None, speculative_config, extra_
     if not spec and not args and not environ:
         out.append(f"field '{where}': declares no setting; give speculative_config, extra_args or env")
     return out
+
+
+# ------------------------------------------------------------------------------------------ engine builds
+def engine_of(name: str) -> str | None:
+    """The engine build an arm name names (``draft-k3-tp1@v026`` -> ``v026``); None for a study of one engine."""
+    return parse_arm(name).get("engine")
+
+
+def baseline_of(name: str) -> str:
+    """The baseline an arm is compared with: the baseline of its own engine build (``draft-k3-tp1@v026`` ->
+    ``baseline@v026``; ``draft-k3-tp1`` -> ``baseline``)."""
+    return arm_name({"method": "baseline", "engine": engine_of(name)})
+
+
+def is_baseline(name: object) -> bool:
+    """Whether ``name`` is a baseline arm (of any engine build; a baseline variant is not)."""
+    if not is_arm_name(name):
+        return False
+    spec = parse_arm(name)
+    return spec["method"] == "baseline" and "variant" not in spec
