@@ -14,7 +14,7 @@ from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
-           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
+           "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT", "engine_builds", "engine_label", "engine_names"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,6 +65,18 @@ def _variant_problems(cfg: dict) -> list[str]:
             problems.append(f"field '{where}.of': {v['of']!r} is not an arm of this study's factorial "
                             f"(arms.methods x num_speculative_tokens x draft_tensor_parallel_size); name one of them")
             continue
+        if base.get("engine") not in engine_names(cfg):
+            builds = [n for n in engine_names(cfg) if n]
+            problems.append(f"field '{where}.of': {v['of']!r} " + (
+                f"names no engine build of this study; name the arm with its build, e.g. {v['of'].split('@')[0]}@"
+                f"{builds[0]} (builds: {', '.join(builds)})" if builds else
+                "names an engine build, but this study declares no engines; remove the '@...'"))
+            continue
+        refused = _probe_refusal(engine_builds(cfg)[base.get("engine")], base["method"])
+        if refused:
+            problems.append(f"field '{where}.of': {v['of']!r} cannot be served: {refused}; vary an arm of a build "
+                            f"that serves the method")
+            continue
         name = arm_name({**parse_arm(v["of"]), "variant": v["name"]})
         if name in seen:
             problems.append(f"field '{where}.name': {name} is declared twice; give each variant its own name")
@@ -72,6 +84,114 @@ def _variant_problems(cfg: dict) -> list[str]:
         problems.extend(override_problems(where, base["method"], v.get("speculative_config"),
                                           v.get("extra_args"), v.get("env")))
     return problems
+
+
+# ------------------------------------------------------------------------------------------ engine builds
+def _overlay(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` laid on it: mappings merged key by key (so ``server.env`` gains a variable),
+    every other value replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _overlay(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def engine_names(cfg: dict) -> list[str | None]:
+    """The engine builds the arms are crossed with: the keys of ``engines``, or ``[None]`` for a study of
+    one engine (its arm names carry no ``@``)."""
+    return list(cfg.get("engines") or {}) or [None]
+
+
+def engine_builds(cfg: dict) -> dict[str | None, dict]:
+    """Every engine build's whole ``engine`` section: ``engine`` with the build's overlay (``engines.<name>``,
+    less its label) laid on it; ``{None: engine}`` for a study of one engine."""
+    engines = cfg.get("engines") or {}
+    if not engines:
+        return {None: cfg["engine"]}
+    return {name: _overlay(cfg["engine"], {k: v for k, v in over.items() if k != "label"})
+            for name, over in engines.items()}
+
+
+def engine_label(cfg: dict, name: str | None) -> str | None:
+    """How the report names a build (``engines.<name>.label``); None for a study of one engine."""
+    return ((cfg.get("engines") or {}).get(name) or {}).get("label") if name else None
+
+
+def _probe_refusal(engine: dict, method: str) -> str | None:
+    """The engine's own refusal of ``method`` from the build's probe record (None: servable, not probed, or
+    no record readable; a missing record is reported by the record's own check)."""
+    path = methods_record_path(engine)
+    if path is None or not path.is_file():
+        return None
+    from specstudy.study.engine_methods import load_record, refusal
+
+    return refusal(load_record(path), method, engine["methods_record"])
+
+
+def _engine_problems(cfg: dict, source: str) -> list[str]:
+    """A study of several engine builds: each has its own probe record, all share the tokenizer and the chat
+    template (their outputs are compared), and none is asked for async scheduling with a method its record
+    says it refuses it for."""
+    problems: list[str] = []
+    builds = engine_builds(cfg)
+    if None in builds:
+        return problems
+    for name, engine in builds.items():
+        if not cfg["engines"][name].get("methods_record"):  # its own: the engine section's is another build's
+            problems.append(f"field 'engines.{name}.methods_record': every engine build needs its own probe record "
+                            f"(what this build serves; engine.methods_record is not inherited); run `specstudy engine probe-methods` on this build (its "
+                            f"python, server.env or container) and set the field to the file it writes")
+        elif not methods_record_path(engine).is_file():
+            problems.append(f"field 'engines.{name}.methods_record': {engine['methods_record']} does not exist; write "
+                            f"it with `specstudy engine probe-methods` run on this build, or fix the path")
+    for field in ("tokenizer", "chat_template"):
+        seen = {name: (engine["target"].get(field) or (engine["target"]["path"] if field == "tokenizer" else None))
+                for name, engine in builds.items()}
+        if len(set(seen.values())) > 1:
+            problems.append(f"field 'engines.*.target.{field}': the engine builds differ ("
+                            + ", ".join(f"{n}: {v}" for n, v in seen.items())
+                            + f"); their outputs would not be comparable; give every build the same {field}")
+    problems.extend(_async_problems(cfg, builds))
+    return problems
+
+
+ASYNC_FLAG = "--async-scheduling"
+
+
+def _async_problems(cfg: dict, builds: dict) -> list[str]:
+    """``--async-scheduling`` in a build's server flags (every speculative arm of that build) or in a variant's
+    (that variant's arm), where the build's probe record says it refuses it with that method."""
+    from specstudy.core.arms import is_arm_name, parse_arm
+    from specstudy.study.engine_methods import async_refusal, load_record
+
+    out: list[str] = []
+    speculative = [m for m in cfg["arms"]["methods"] if m != "baseline"]
+    for name, engine in builds.items():
+        path = methods_record_path(engine)
+        if path is None or not path.is_file():
+            continue
+        record = load_record(path)
+        where = f"engines.{name}.server.extra_args" if name else "engine.server.extra_args"
+        if any(a.split("=", 1)[0] == ASYNC_FLAG for a in (engine.get("server") or {}).get("extra_args") or []):
+            for method in speculative:
+                refused = async_refusal(record, method, engine["methods_record"])
+                if refused:
+                    out.append(f"field '{where}': {ASYNC_FLAG} is asked for every arm of this build, but {refused}; "
+                               f"remove the flag, or declare it as a variant of the methods that accept it")
+        for i, v in enumerate(cfg["arms"].get("variants") or []):
+            if not any(a.split("=", 1)[0] == ASYNC_FLAG for a in v.get("extra_args") or []):
+                continue
+            base = parse_arm(v["of"]) if is_arm_name(v["of"]) else None
+            if base is None or base.get("engine") != name:
+                continue
+            refused = async_refusal(record, base["method"], engine["methods_record"])
+            if refused:
+                out.append(f"field 'arms.variants[{i}].extra_args': {ASYNC_FLAG} on {v['of']}, but {refused}; "
+                           f"remove the flag or vary an arm of a build that accepts it")
+    return out
 
 
 def check_config(cfg: dict, source: str = "<config>") -> dict:
@@ -103,8 +223,9 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
     if arms.get("suffix") and "suffix" not in methods:
         problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
     problems.extend(_variant_problems(cfg))
+    problems.extend(_engine_problems(cfg, source))
     record = cfg["engine"].get("methods_record")
-    if record and not methods_record_path(cfg).is_file():
+    if record and not methods_record_path(cfg["engine"]).is_file():
         problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
                         f"`specstudy engine probe-methods --config {source} --out {record}`")
     drift = (cfg.get("plan") or {}).get("drift_cell")
@@ -145,9 +266,9 @@ def load_config(path: str | Path) -> dict:
     return check_config(cfg, str(path))
 
 
-#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search,
-#: the workloads' chat-template switches).
-DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity", "workload_options")
+#: The sections of a study config that a deployment job reads (engine and its builds, cell settings, corpora,
+#: capacity search, the workloads' chat-template switches).
+DEPLOYMENT_SECTIONS = ("study", "engine", "engines", "corpora", "cells", "capacity", "workload_options")
 
 
 def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]:
@@ -165,10 +286,11 @@ def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]
     return out
 
 
-def methods_record_path(cfg: dict) -> Path | None:
-    """``engine.methods_record``: relative to the working directory, else to the repository (as the
-    pre-registration: a study run from another directory still finds the shipped record)."""
-    record = (cfg.get("engine") or {}).get("methods_record")
+def methods_record_path(engine: dict) -> Path | None:
+    """An engine section's ``methods_record`` (:func:`engine_builds` gives each build's): relative to the
+    working directory, else to the repository (as the pre-registration: a study run from another directory
+    still finds the shipped record)."""
+    record = engine.get("methods_record")
     if not record:
         return None
     p = Path(record)

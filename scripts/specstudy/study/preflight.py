@@ -30,8 +30,15 @@ def _resolve(path: str) -> Path:
 
 def engine_path_problems(cfg: dict) -> list[str]:
     """Files the deployment jobs will open: each missing one as ``field 'engine...': ... ; fix``."""
+    from specstudy.study.config import engine_builds
+
     engine = cfg["engine"]
     problems = []
+    for name, build in engine_builds(cfg).items():  # a study of several engine builds: each build's interpreter
+        python = (cfg.get("engines") or {}).get(name, {}).get("python") if name else None
+        if python and build.get("backend") == "local" and not os.access(python, os.X_OK):
+            problems.append(f"field 'engines.{name}.python': {python} is not an executable file; give this build's "
+                            "Python interpreter (…/bin/python of its vLLM install)")
     python = engine.get("python")
     if python and engine.get("backend") == "local":
         p = Path(python)
@@ -110,17 +117,20 @@ def extension_arm_problems(cfg: dict) -> list[str]:
         return []
     from specstudy.study import plan
 
-    known = [a["name"] for a in plan.all_arms(cfg) + plan.variant_arms(cfg)]
+    every = plan.all_arms(cfg) + plan.variant_arms(cfg)
+    known = [a["name"] for a in every]
     bad = [a for a in arms if a not in known]
+    refused = [f"field 'extensions.arms': {a['name']!r} cannot be served ({a['skip_reason']}); remove it"
+               for a in every if a["name"] in arms and not a.get("servable", True)]
     if not bad:
-        return []
+        return refused
     from rapidfuzz import process
 
     hints = []
     for a in bad:
         near = [m for m, _score, _ in process.extract(a, known, limit=2)]
         hints.append(f"{a!r} (nearest: {', '.join(near)})")
-    return [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial or its variants; use arm "
+    return refused + [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial or its variants; use arm "
             f"names from arms.methods × num_speculative_tokens or arms.variants ({', '.join(known)})"]
 
 

