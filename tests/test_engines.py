@@ -138,3 +138,62 @@ def test_a_malformed_async_entry_in_a_record_names_the_field(tmp_path):
     path.write_text(yaml.safe_dump(rec))
     with pytest.raises(UserError, match=r"methods\.suffix\.async_scheduling"):
         load_record(path)
+
+
+# -------------------------------------------------------------------------------------------------- plan
+def test_arms_are_crossed_with_the_builds_each_judged_by_its_own_record(cfg):
+    arms = {a["name"]: a for a in plan.all_arms(cfg)}
+    for build in ("v023", "v026"):
+        assert {f"baseline@{build}", f"draft-k3-tp1@{build}", f"ngram-k3@{build}"} <= set(arms)
+        assert arms[f"draft-k3-tp1@{build}"]["engine"] == build
+    # ngram_gpu: refused by the 0.23 build's record, served by the 0.26 build's
+    assert not arms["ngram_gpu-k3@v023"]["servable"] and "0.23.0 refused" in arms["ngram_gpu-k3@v023"]["skip_reason"]
+    assert arms["ngram_gpu-k3@v026"]["servable"]
+    p = plan.make_plan(cfg, "screen")
+    assert {s["arm"] for s in p["skipped"]} >= {"ngram_gpu-k3@v023"}
+    assert "ngram_gpu-k3@v026" in {a["name"] for a in p["arms"]}
+
+
+def test_every_round_deploys_every_arm_of_every_build_once_in_a_shuffled_order(cfg):
+    cfg["screen"]["repeats"] = 6
+    p = plan.make_plan(cfg, "screen")
+    names = sorted(a["name"] for a in p["arms"])
+    assert "baseline@v023" in names and "baseline@v026" in names
+    for r in range(1, 7):
+        assert sorted(d["arm"] for d in p["deployments"] if d["round"] == r) == names
+    # counterbalanced: neither build's baseline always runs first within the rounds
+    first = [next(d["arm"] for d in p["deployments"] if d["round"] == r and d["arm"].startswith("baseline@"))
+             for r in range(1, 7)]
+    assert set(first) == {"baseline@v023", "baseline@v026"}
+
+
+def test_drift_baselines_run_for_every_build(cfg):
+    cfg["plan"]["drift_baselines_per_block"] = 1
+    p = plan.make_plan(cfg, "screen")
+    assert sorted(d["arm"] for d in p["deployments"] if d["kind"] == "drift") == ["baseline@v023", "baseline@v026"]
+
+
+def test_extension_arms_start_with_every_builds_baseline(cfg):
+    from specstudy.study.phase_decl import arm_names
+
+    assert arm_names(cfg, ["baseline@v026", "draft-k3-tp1@v026"]) == [
+        "baseline@v023", "baseline@v026", "draft-k3-tp1@v026"]
+
+
+def test_the_deployment_job_runs_its_arms_build(cfg, monkeypatch):
+    from specstudy.job import spec as jobspec
+
+    monkeypatch.chdir(ROOT)
+    p = plan.make_plan(cfg, "screen")
+    dep = next(d for d in p["deployments"] if d["arm"] == "draft-k3-tp1@v026")
+    spec = jobspec.deployment_spec(p, f"screen/draft-k3-tp1@v026/{dep['rep']}", cfg)
+    assert spec["engine"]["python"] == "/opt/v026/bin/python"
+    assert spec["engine"]["server"]["env"]["PYTHONPATH"] == "/opt/v026/site"
+    assert spec["engine_build"] == {"name": "v026", "label": "vLLM 0.26.0", "overlay": cfg["engines"]["v026"]}
+    flat = jobspec.engine_flat(spec["engine"])
+    assert flat["python"] == "/opt/v026/bin/python" and flat["env"]["PYTHONPATH"] == "/opt/v026/site"
+    base = jobspec.deployment_spec(p, "screen/baseline@v023/rep1", cfg)
+    assert base["engine"].get("python") is None and "PYTHONPATH" not in base["engine"]["server"]["env"]
+    # the two builds' cells never share a fingerprint (no reuse of one build's cell for the other)
+    assert jobspec.fingerprint_context(spec)["engine"] != jobspec.fingerprint_context(
+        jobspec.deployment_spec(p, f"screen/draft-k3-tp1@v023/{dep['rep']}", cfg))["engine"]

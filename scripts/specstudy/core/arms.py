@@ -167,6 +167,10 @@ def override_problems(where: str, method: str | None, speculative_config, extra_
 
 
 # ------------------------------------------------------------------------------------------ engine builds
+#: A baseline arm of any engine build (the drift deployments' wildcard constraint).
+BASELINE_PATTERN = r"baseline(?:@" + ENGINE_PATTERN + r")?"
+
+
 def engine_of(name: str) -> str | None:
     """The engine build an arm name names (``draft-k3-tp1@v026`` -> ``v026``); None for a study of one engine."""
     return parse_arm(name).get("engine")
