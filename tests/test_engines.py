@@ -197,3 +197,60 @@ def test_the_deployment_job_runs_its_arms_build(cfg, monkeypatch):
     # the two builds' cells never share a fingerprint (no reuse of one build's cell for the other)
     assert jobspec.fingerprint_context(spec)["engine"] != jobspec.fingerprint_context(
         jobspec.deployment_spec(p, f"screen/draft-k3-tp1@v023/{dep['rep']}", cfg))["engine"]
+
+
+# ---------------------------------------------------------------------------------------------- analysis
+def _row(arm, rep, otps, tpot, workload="code", conc=1):
+    return {"phase": "confirm", "arm": arm, "rep": rep, "workload": workload, "concurrency": conc, "kind": "repeat",
+            "method": "baseline" if arm.startswith("baseline") else "draft_model", "valid": True,
+            "output_tokens_per_second": otps, "tpot_p50_ms": tpot, "ttft_p50_ms": 10.0, "deployment_id": f"{arm}-{rep}"}
+
+
+def test_every_speculative_arm_is_compared_with_its_own_builds_baseline():
+    from specstudy.inference import stats
+
+    rows = []
+    for rep in (1, 2, 3):
+        rows += [_row("baseline@v023", rep, 100.0, 10.0), _row("baseline@v026", rep, 200.0, 5.0),
+                 _row("draft-k3-tp1@v023", rep, 50.0, 20.0), _row("draft-k3-tp1@v026", rep, 300.0, 3.3)]
+    comps = {c["arm"]: c for c in stats.comparisons(rows)}
+    assert set(comps) == {"draft-k3-tp1@v023", "draft-k3-tp1@v026"}
+    assert comps["draft-k3-tp1@v023"]["speedup"]["median"] == pytest.approx(0.5)
+    assert comps["draft-k3-tp1@v026"]["speedup"]["median"] == pytest.approx(1.5)
+    assert comps["draft-k3-tp1@v026"]["engine"] == "v026"
+
+
+def test_one_engine_comparisons_carry_no_engine():
+    from specstudy.inference import stats
+
+    rows = [_row("baseline", r, 100.0, 10.0) for r in (1, 2)] + [_row("draft-k3-tp1", r, 120.0, 8.0) for r in (1, 2)]
+    (comp,) = stats.comparisons(rows)
+    assert "engine" not in comp and comp["speedup"]["median"] == pytest.approx(1.2)
+
+
+def _screen(arm, workload, conc, rep, tpot):
+    method = "baseline" if arm.startswith("baseline") else ("ngram" if arm.startswith("ngram") else "draft_model")
+    return {"keys": {"phase": "screen", "arm": arm, "method": method, "rep": f"rep{rep}", "workload": workload,
+                     "concurrency": conc},
+            "validity": {"valid": True, "reasons": []}, "latency_ms": {"tpot": {"p50": tpot}},
+            "tokens": {"output_tokens_per_second": 1000.0 / tpot}}
+
+
+def test_selection_runs_per_build_and_confirms_every_candidate_on_every_build():
+    from specstudy.analysis import select
+    from test_select import PREREG
+
+    # v023: draft-k2 best (k4 slower); v026: draft-k4 best. Judged against the own build's baseline, not
+    # the other's (v026's baseline is twice as fast: against v023's it would make every v026 arm look best).
+    tpot = {"baseline@v023": 10.0, "draft-k2-tp1@v023": 9.0, "draft-k4-tp1@v023": 12.0,
+            "baseline@v026": 5.0, "draft-k2-tp1@v026": 4.5, "draft-k4-tp1@v026": 3.0}
+    summaries = [_screen(a, "code", c, r, t) for a, t in tpot.items() for c in (1, 4) for r in (1, 2)]
+    res = select.select(summaries, [], PREREG)
+    assert res["engines"] == {"v023": {"candidates": ["draft-k2-tp1@v023"]},
+                              "v026": {"candidates": ["draft-k4-tp1@v026"]}}
+    assert res["scores"]["draft-k2-tp1@v023"]["code"] == pytest.approx(__import__("math").log(0.9))
+    assert res["confirmation_arms"] == ["baseline@v023", "baseline@v026", "draft-k2-tp1@v023", "draft-k4-tp1@v023",
+                                        "draft-k2-tp1@v026", "draft-k4-tp1@v026"]
+    from specstudy.core import schemas
+
+    schemas.validate({**res, "prereg_sha256": "0" * 64, "inputs": [], "phase_of_inputs": "screen"}, "selection")
