@@ -254,3 +254,47 @@ def test_selection_runs_per_build_and_confirms_every_candidate_on_every_build():
     from specstudy.core import schemas
 
     schemas.validate({**res, "prereg_sha256": "0" * 64, "inputs": [], "phase_of_inputs": "screen"}, "selection")
+
+
+def test_the_engine_effect_is_separated_from_each_builds_speedup():
+    from specstudy.inference import stats
+
+    # v026's baseline is 2x v023's in every rep; the draft arm gains 0.5x on v023 and 1.5x on v026
+    rows = []
+    for rep, noise in ((1, 1.0), (2, 1.02), (3, 0.98)):
+        rows += [_row("baseline@v023", rep, 100.0 * noise, 10.0), _row("baseline@v026", rep, 200.0 * noise, 5.0),
+                 _row("draft-k3-tp1@v023", rep, 50.0 * noise, 20.0), _row("draft-k3-tp1@v026", rep, 300.0 * noise, 3.3)]
+    (e,) = stats.engine_effects(rows, builds=["v023", "v026"])
+    assert (e["arm"], e["reference"], e["build"], e["workload"], e["concurrency"]) == (
+        "draft-k3-tp1", "v023", "v026", "code", 1)
+    assert e["engine"]["geomean"] == pytest.approx(2.0) and e["engine"]["n"] == 3
+    assert e["speedup_a"]["geomean"] == pytest.approx(0.5) and e["speedup_b"]["geomean"] == pytest.approx(1.5)
+    assert e["difference"]["geomean"] == pytest.approx(3.0)
+    # the reference is the config's first build, whatever the names' order
+    (rev,) = stats.engine_effects(rows, builds=["v026", "v023"])
+    assert rev["reference"] == "v026" and rev["engine"]["geomean"] == pytest.approx(0.5)
+    assert rev["difference"]["geomean"] == pytest.approx(1 / 3)
+    # one engine: nothing to separate
+    assert stats.engine_effects([_row("baseline", 1, 1.0, 1.0), _row("draft-k3-tp1", 1, 1.0, 1.0)]) == []
+
+
+def test_the_report_section_shows_both_builds_and_the_decomposition():
+    from specstudy.inference import stats
+    from specstudy.report.blocks import render_markdown
+    from specstudy.report.sections.engines import engines_section
+
+    rows = []
+    for rep in (1, 2):
+        rows += [_row("baseline@v023", rep, 100.0, 10.0), _row("baseline@v026", rep, 200.0, 5.0),
+                 _row("draft-k3-tp1@v023", rep, 50.0, 20.0), _row("draft-k3-tp1@v026", rep, 300.0, 3.3)]
+    B = []
+    s = stats.settings(None)
+    engines_section(B, stats.engine_effects(rows, builds=["v023", "v026"]),
+                    {"v023": "vLLM 0.23.0", "v026": "vLLM 0.26.0"}, s)
+    md = render_markdown(B)
+    assert "## Engine builds" in md and "v023 = vLLM 0.23.0; v026 = vLLM 0.26.0" in md
+    line = next(x for x in md.splitlines() if x.startswith("| draft-k3-tp1"))
+    assert "| 2.000 [" in line and "| 0.500 [" in line and "| 1.500 [" in line and "| 3.000 [" in line
+    empty = []
+    engines_section(empty, [], {}, s)
+    assert empty == []

@@ -481,3 +481,62 @@ def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, mode
         params = {**(h.get("params") or {}), **(h.get("roles") or {})}
         out.append(dict(base, **fn(use, deployments, params, models.get(phase))))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine build as a factor
+# ---------------------------------------------------------------------------------------------
+def engine_effects(cells, config: dict | None = None, comps: list[dict] | None = None,
+                   builds: list[str] | None = None) -> list[dict]:
+    """What the engine build does, separated from what speculation gains (docs/engines.md), per phase,
+    speculative arm (its settings, without the build), workload and concurrency, for the reference build A
+    (the first of ``builds``: the config's order; else the first by name) against every other build B. Each a
+    :func:`~specstudy.inference.intervals.describe` of per-rep ratios, paired by rep (the same round):
+
+    - ``engine``: baseline on B ÷ baseline on A (output tokens/s): the build's own effect;
+    - ``speedup_a`` / ``speedup_b``: the arm's speedup on each build, over that build's baseline;
+    - ``difference``: ``speedup_b`` ÷ ``speedup_a`` (above 1: speculation gains more on B).
+
+    Empty for a study of one engine."""
+    s = settings(config)["analysis"]
+    recs = [r for r in _records(cells) if (r.get("kind") or "repeat") != "drift" and is_arm_name(r.get("arm"))]
+    present = sorted({engine_of(r["arm"]) for r in recs} - {None})
+    order = [b for b in (builds or []) if b in present] + [b for b in present if b not in (builds or [])]
+    if len(order) < 2:
+        return []
+    ref = order[0]
+    base = {(r["phase"], engine_of(r["arm"]), r["workload"], r["concurrency"], r["rep"]): r
+            for r in recs if is_baseline(r["arm"])}
+    comps = comps if comps is not None else comparisons(cells, config)
+    speedups: dict[tuple, dict] = {}  # (phase, arm without build, build, workload, c) -> {rep: speedup}
+    for c in comps:
+        if c.get("engine"):
+            key = (c["phase"], c["arm"].rsplit("@", 1)[0], c["engine"], c["workload"], c["concurrency"])
+            speedups[key] = {r["rep"]: r["speedup"] for r in c["repeats"] if r.get("speedup") is not None}
+
+    def desc(values: list) -> dict:
+        return describe(values, s["confidence"], s["ci_method"], s["bootstrap_resamples"], s["seed"])
+
+    def engine_ratios(phase, build, workload, conc) -> dict:
+        out = {}
+        for (ph, b, w, c, rep), row in base.items():
+            other = base.get((ph, build, w, c, rep))
+            if (ph, b, w, c) == (phase, ref, workload, conc) and other is not None \
+                    and _ok(row, "throughput") and _ok(other, "throughput"):
+                ratio = _ratio(other.get("output_tokens_per_second"), row.get("output_tokens_per_second"))
+                if ratio is not None:
+                    out[rep] = ratio
+        return out
+
+    rows = []
+    for (phase, arm, build, workload, conc), on_b in sorted(speedups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if build == ref or (phase, arm, ref, workload, conc) not in speedups:
+            continue
+        on_a = speedups[(phase, arm, ref, workload, conc)]
+        eng = engine_ratios(phase, build, workload, conc)
+        both = sorted(set(on_a) & set(on_b))
+        rows.append({"phase": phase, "arm": arm, "workload": workload, "concurrency": conc, "reference": ref,
+                     "build": build, "engine": desc(list(eng.values())), "speedup_a": desc(list(on_a.values())),
+                     "speedup_b": desc(list(on_b.values())),
+                     "difference": desc([on_b[r] / on_a[r] for r in both])})
+    return rows
