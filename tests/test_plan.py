@@ -104,7 +104,11 @@ def test_config_errors_name_field_and_fix(cfg):
         check_config(bad, "my.yaml")
     bad = copy.deepcopy(cfg)
     bad["arms"]["methods"] = ["baseline", "medusa"]
-    with pytest.raises(ConfigError, match=r"allowed: baseline, draft_model, ngram"):
+    with pytest.raises(ConfigError, match=r"(?s)my\.yaml.*arms\.methods\[1\]': 'medusa' is not a registered speculative "
+                                          r"method; use one of baseline, draft_model, ngram"):
+        check_config(bad, "my.yaml")
+    bad["arms"]["methods"] = ["baseline", "eagel3"]  # a misspelt method: the nearest registered one is named
+    with pytest.raises(ConfigError, match=r"arms\.methods\[1\]': 'eagel3' .* did you mean 'eagle3'\?"):
         check_config(bad, "my.yaml")
     bad = copy.deepcopy(cfg)
     bad["arms"]["ngram"] = {"prompt_lookup_min": 5, "prompt_lookup_max": 2}

@@ -50,6 +50,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("rerun", "study.rerun"),
     ("check-results", "analysis.check_results"),
     ("check-config", "study.checkconfig"),
+    ("methods", "study.methods_cli"),
     # the opt-in phases: `specstudy phase summary <phase>`, `specstudy phase <phase> <tool>`
     ("phase", "phases.cli"),
 )

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from specstudy.core import atomic, layout
+from specstudy.core import atomic, layout, methods
 from specstudy.core.arms import K_METHODS, METHODS, arm_name
 from specstudy.measure import cell, prom
 from specstudy.study.phase_decl import CORE_PHASES
@@ -117,7 +117,8 @@ def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json
         raise UpstreamError(f"{where}: field 'variant.num_speculative_tokens' = {k!r} for method {method!r}; a "
                             "speculative arm needs its depth (a positive integer)")
     tok = _method_token(method)
-    name = arm_name({"method": tok, "num_speculative_tokens": k}) if tok in K_METHODS else f"{tok}-k{k}"
+    registered = methods.find(tok) is not None and methods.get(tok).levels == (methods.K,)  # named <method>-k<k>
+    name = arm_name({"method": tok, "num_speculative_tokens": k}) if registered else f"{tok}-k{k}"
     spec = {
         "name": name,
         "method": tok,
@@ -128,8 +129,8 @@ def arm_of(variant: dict, extra: dict | None = None, where: str = "metadata.json
         "speculative_config": _spec_config(extra, where),
         "drafter": next((extra[f] for f in DRAFTER_FIELDS if extra.get(f)), None),
     }
-    if tok not in K_METHODS:
-        spec["note"] = (f"method {method!r} is not one of this project's arm methods ({', '.join(METHODS)}); "
+    if not registered:
+        spec["note"] = (f"method {method!r} is not one of this project's arm methods ({', '.join(methods.arm_methods())}); "
                         f"imported as arm {name!r} with its settings under upstream_variant/speculative_config")
     return name, spec
 

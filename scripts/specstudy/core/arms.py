@@ -1,13 +1,11 @@
 """Arm names: the one place that turns an arm spec into its name and a name back into its spec.
 
-An arm is named by its method and the settings that distinguish it in the factorial:
+An arm is named by its method and the settings that distinguish it in the factorial, as the method's
+registration declares (:mod:`specstudy.core.methods`, the registry of speculative methods):
 
 - ``baseline``: no speculation;
 - ``draft-k<k>-tp<t>``: ``draft_model`` with ``num_speculative_tokens`` k and ``draft_tensor_parallel_size`` t;
-- ``ngram-k<k>``: ``ngram`` (prompt lookup) with ``num_speculative_tokens`` k;
-- ``ngram_gpu-k<k>``: ``ngram_gpu`` (prompt lookup on the accelerator) with k;
-- ``suffix-k<k>``: ``suffix`` (suffix decoding, the arctic-inference package) with at most k tokens;
-- ``eagle-k<k>``, ``eagle3-k<k>``: an EAGLE / EAGLE-3 head (``engine.eagle_head.path``) with k.
+- ``<method>-k<k>``: every other registered method (``ngram``, ``ngram_gpu``, ``suffix``, ``eagle``, ...) with k.
 
 A *variant* of an arm (``arms.variants`` in the study config) is that arm with declared extra engine
 settings — ``speculative_config`` keys (:data:`SPECULATIVE_OVERRIDES`), server flags, environment — and is
@@ -18,11 +16,14 @@ In a study of several engine builds (``engines`` in the study config) every arm,
 named with its build after ``@``: ``draft-k3-tp1@v026``, ``baseline@v023`` (:func:`engine_of`,
 :func:`baseline_of`); with one engine names carry no ``@``.
 
-Which of them the pinned engine serves is a recorded engine fact (:mod:`specstudy.study.engine_methods`,
+Which of them an engine build serves is a recorded engine fact (:mod:`specstudy.study.engine_methods`,
 docs/methods.md), not a property of the name.
 
 ``arm_name(parse_arm(name)) == name`` for every valid name. The n-gram window
 (``prompt_lookup_min``/``max``) is a study-wide setting, not part of the name.
+
+``ARM_PATTERN``, ``ARM_RE``, ``K_METHODS`` and ``METHODS`` are read from the registry when asked for (a
+method registered later, as a test does, is in them).
 
 Upstream (apertus-bench) served-model names spell the depth ``n`` (``draft-n3-tp4``, ``ngram-n3``);
 :func:`arm_from_upstream_model` maps them onto ours.
@@ -32,20 +33,24 @@ from __future__ import annotations
 
 import re
 
-#: A variant's own name (the part after ``+``).
-VARIANT_PATTERN = r"[a-z0-9][a-z0-9_-]*"
-#: An engine build's name (the part after ``@``; a key of the study config's ``engines``).
-ENGINE_PATTERN = r"[a-z][a-z0-9_]*"
-#: The arm-name alternatives, usable as a Snakemake wildcard constraint.
-ARM_PATTERN = (r"(?:baseline|draft-k[0-9]+-tp[0-9]+|(?:ngram|ngram_gpu|suffix|eagle|eagle3)-k[0-9]+)"
-               r"(?:\+" + VARIANT_PATTERN + r")?(?:@" + ENGINE_PATTERN + r")?")
-#: A whole arm name (groups: k and tp of a draft arm; the method prefix and k of any other arm; the variant;
-#: the engine build).
-ARM_RE = re.compile(r"^(?:baseline|draft-k([0-9]+)-tp([0-9]+)|(ngram|ngram_gpu|suffix|eagle|eagle3)-k([0-9]+))"
-                    r"(?:\+(" + VARIANT_PATTERN + r"))?(?:@(" + ENGINE_PATTERN + r"))?$")
-#: Methods whose arm is named ``<method>-k<k>`` (the prefix is the vLLM method's own name).
-K_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3")
-METHODS = ("baseline", "draft_model", *K_METHODS)
+from specstudy.core import methods as _methods
+from specstudy.core.methods import ENGINE_PATTERN, VARIANT_PATTERN  # noqa: F401  (re-exported)
+
+
+def __getattr__(name: str):
+    """The registry's current arm grammar: ``ARM_PATTERN`` (the arm-name alternatives, usable as a Snakemake
+    wildcard constraint), ``ARM_RE`` (a whole arm name), ``K_METHODS`` (methods named ``<method>-k<k>``),
+    ``METHODS`` (``baseline`` and every registered method)."""
+    if name == "ARM_PATTERN":
+        return _methods.arm_pattern()
+    if name == "ARM_RE":
+        return _methods.arm_re()
+    if name == "K_METHODS":
+        return tuple(m.name for m in _methods.registered() if m.levels == (_methods.K,) and m.arm_prefix == m.name)
+    if name == "METHODS":
+        return _methods.arm_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _UPSTREAM_RE = re.compile(r"(?:^|[-/])(baseline|draft-n(\d+)-tp(\d+)|ngram-n(\d+))(?:-|$)")
 
@@ -54,18 +59,13 @@ def arm_name(spec: dict) -> str:
     """The name of an arm spec (``baseline``, ``draft-k3-tp1``, ``ngram-k3``, ``suffix-k8``, ...).
 
     A spec with ``variant`` is named ``<arm>+<variant>``, one with ``engine`` (a study of several engine
-    builds) ``<arm>@<engine>`` (``draft-k3-tp1+eager-draft@v026``). Raises :class:`ValueError` for a method not in
-    :data:`METHODS`.
+    builds) ``<arm>@<engine>`` (``draft-k3-tp1+eager-draft@v026``). Raises :class:`ValueError` for a method
+    that is not registered (the message names the nearest registered one).
     """
-    method = spec.get("method")
-    if method == "baseline":
-        base = "baseline"
-    elif method == "draft_model":
-        base = f"draft-k{spec['num_speculative_tokens']}-tp{spec['draft_tensor_parallel_size']}"
-    elif method in K_METHODS:
-        base = f"{method}-k{spec['num_speculative_tokens']}"
-    else:
-        raise ValueError(f"arm {spec!r}: field 'method' must be one of {', '.join(METHODS)}")
+    try:
+        base = _methods.name_of(spec)
+    except KeyError as exc:
+        raise ValueError(f"arm {spec!r}: {exc.args[0]}") from None
     name = f"{base}+{spec['variant']}" if spec.get("variant") else base
     return f"{name}@{spec['engine']}" if spec.get("engine") else name
 
@@ -75,25 +75,23 @@ def parse_arm(name: str) -> dict:
     ``num_speculative_tokens`` and ``draft_tensor_parallel_size``; ``variant`` for a variant's name (its
     settings are the study config's, not the name's); ``engine`` for an arm of one of several engine builds.
 
-    Raises :class:`ValueError` for a string that is not an arm name.
+    Raises :class:`ValueError` for a string that is not an arm name (naming the nearest registered method
+    where it looks like an arm of an unregistered one).
     """
-    m = ARM_RE.match(name or "")
-    if not m:
-        raise ValueError(f"{name!r} is not an arm name (baseline, draft-k<N>-tp<N> or "
-                         f"<method>-k<N> with <method> one of {', '.join(K_METHODS)})")
-    variant = {"variant": m[5]} if m[5] else {}
-    if m[6]:
-        variant["engine"] = m[6]
-    if m[1] is not None:
-        return {"name": name, "method": "draft_model", "num_speculative_tokens": int(m[1]),
-                "draft_tensor_parallel_size": int(m[2]), **variant}
-    if m[3] is not None:
-        return {"name": name, "method": m[3], "num_speculative_tokens": int(m[4]), **variant}
-    return {"name": name, "method": "baseline", **variant}
+    fields = _methods.fields_of(name.split("@", 1)[0].split("+", 1)[0]) if _methods.arm_re().match(name or "") else None
+    if fields is None:
+        unknown = _methods.method_of_unknown_arm(name)
+        near = _methods.nearest(unknown) if unknown else None
+        hint = f"; {unknown!r} is not a registered method" + (f" (did you mean {near!r}?)" if near else "") if unknown else ""
+        raise ValueError(f"{name!r} is not an arm name (baseline, draft-k<N>-tp<N> or <method>-k<N> with <method> "
+                         f"one of {', '.join(m.name for m in _methods.registered() if m.levels == (_methods.K,))}){hint}")
+    arm, _, engine = name.partition("@")
+    variant = arm.split("+", 1)[1] if "+" in arm else None
+    return {"name": name, **fields, **({"variant": variant} if variant else {}), **({"engine": engine} if engine else {})}
 
 
 def is_arm_name(name: object) -> bool:
-    return isinstance(name, str) and ARM_RE.match(name) is not None
+    return isinstance(name, str) and _methods.arm_re().match(name) is not None
 
 
 def arm_from_upstream_model(model: str) -> str:
@@ -163,6 +161,9 @@ def override_problems(where: str, method: str | None, speculative_config, extra_
         out.append(f"field '{where}.env': must map variable names to strings")
     if not spec and not args and not environ:
         out.append(f"field '{where}': declares no setting; give speculative_config, extra_args or env")
+    method_decl = _methods.find(method)
+    if method_decl is not None:  # what the engine refuses with this method (core.methods: Forbidden)
+        out.extend(method_decl.forbidden_problems(where, spec, args))
     return out
 
 

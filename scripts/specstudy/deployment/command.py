@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specstudy.core import arms as _arms
+from specstudy.core import methods as _methods
 from specstudy.core.arms import VARIANT_SETTINGS
 from specstudy.study.config import ConfigError
 
@@ -57,35 +58,40 @@ def arm_name(arm: dict) -> str:
         raise ConfigError(str(exc)) from None
 
 
-#: Optional suffix-decoding settings an arm spec may carry (``arms.suffix`` in the study config).
-SUFFIX_FIELDS = {"suffix_decoding_max_tree_depth": int, "suffix_decoding_max_cached_requests": int,
-                 "suffix_decoding_max_spec_factor": float, "suffix_decoding_min_token_prob": float}
-_NEED = {"baseline": [], "draft_model": ["num_speculative_tokens", "draft_tensor_parallel_size"],
-         "ngram": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"],
-         "ngram_gpu": ["num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"],
-         "suffix": ["num_speculative_tokens"], "eagle": ["num_speculative_tokens"], "eagle3": ["num_speculative_tokens"]}
+def _method(arm: dict) -> _methods.Method | None:
+    """The registered method of an arm spec (None for the baseline); a ConfigError naming the nearest otherwise."""
+    method = arm.get("method")
+    if method == _methods.BASELINE:
+        return None
+    try:
+        return _methods.get(method)
+    except KeyError as exc:
+        raise ConfigError(f"arm {arm.get('name')!r}: {exc.args[0]}") from None
 
 
 def validate_arm(arm: dict) -> dict:
-    """Check an arm spec (DESIGN.md 'Arm spec'); raise :class:`ConfigError` naming the field and the fix."""
+    """Check an arm spec (DESIGN.md 'Arm spec') against its method's registration; raise :class:`ConfigError`
+    naming the field and the fix."""
     if not isinstance(arm, dict):
         raise ConfigError(f"arm spec must be a mapping, got {type(arm).__name__}")
-    method = arm.get("method")
-    if method not in _NEED:
-        raise ConfigError(f"arm {arm.get('name')!r}: field 'method' is {method!r}; use one of {', '.join(_NEED)}")
-    for key in _NEED[method]:
+    decl = _method(arm)
+    for key in decl.required_fields() if decl else ():
         val = arm.get(key)
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' must be a positive integer (got {val!r})")
-    for key, kind in SUFFIX_FIELDS.items():
-        if key in arm and (method != "suffix" or isinstance(arm[key], bool) or not isinstance(arm[key], (int, float))
-                           or (kind is int and not isinstance(arm[key], int))):
-            raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' is for suffix arms only and must be a "
-                              f"{kind.__name__} (got {arm[key]!r})")
+    for section, settings in _methods.settings_sections().items():
+        if settings.required:  # the n-gram window: checked as required fields of its own methods
+            continue
+        owners = _methods.methods_with_settings(section)
+        for key, kind in settings.spec_fields().items():
+            if key in arm and (arm.get("method") not in owners or isinstance(arm[key], bool)
+                               or not isinstance(arm[key], (int, float)) or (kind is int and not isinstance(arm[key], int))):
+                raise ConfigError(f"arm {arm.get('name')!r}: field '{key}' is for {'/'.join(owners)} arms only and must "
+                                  f"be a {kind.__name__} (got {arm[key]!r})")
     name = arm.get("name")
-    if name is None or not _arms.ARM_RE.match(str(name)):
-        raise ConfigError(f"arm {name!r}: field 'name' must match baseline|draft-k<N>-tp<N>|<method>-k<N> "
-                          f"(<method>: {', '.join(_arms.K_METHODS)})")
+    if name is None or not _arms.is_arm_name(str(name)):
+        raise ConfigError(f"arm {name!r}: field 'name' must match baseline|<prefix>-k<N>[-tp<N>] as its method declares "
+                          f"({_methods.arm_pattern()})")
     if name != arm_name(arm):
         raise ConfigError(f"arm {name!r}: field 'name' does not match its settings; expected {arm_name(arm)!r}")
     settings = {k: arm[k] for k in VARIANT_SETTINGS if arm.get(k)}
@@ -93,7 +99,7 @@ def validate_arm(arm: dict) -> dict:
         raise ConfigError(f"arm {name!r}: field '{next(iter(settings))}' is set but the arm has no 'variant'; "
                           f"declare it as a variant (arms.variants in the study config, named <arm>+<variant>)")
     if arm.get("variant"):
-        problems = _arms.override_problems(f"arm {name}", method, arm.get("speculative_config"),
+        problems = _arms.override_problems(f"arm {name}", arm.get("method"), arm.get("speculative_config"),
                                            arm.get("extra_args"), arm.get("env"))
         if problems:
             raise ConfigError("; ".join(problems))
@@ -113,28 +119,16 @@ def with_variant(engine_cfg: dict, arm: dict) -> dict:
 
 
 def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
-    """The ``--speculative-config`` JSON object of an arm's deployment (None for the baseline)."""
-    method = arm["method"]
-    if method == "baseline":
+    """The ``--speculative-config`` JSON object of an arm's deployment (None for the baseline), as its method's
+    registration builds it (:meth:`specstudy.core.methods.Method.speculative_config`)."""
+    decl = _method(arm)
+    if decl is None:
         return None
-    k = arm["num_speculative_tokens"]
-    if method == "draft_model":
-        draft = engine_cfg.get("draft_model")
-        if not draft:
-            raise ConfigError(f"engine config: field 'draft_model' (path of the draft model) is required for arm {arm['name']!r}")
-        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
-                "draft_tensor_parallel_size": arm["draft_tensor_parallel_size"]}
-    elif method in ("ngram", "ngram_gpu"):
-        spec = {"method": method, "num_speculative_tokens": k,
-                "prompt_lookup_min": arm["prompt_lookup_min"], "prompt_lookup_max": arm["prompt_lookup_max"]}
-    elif method == "suffix":
-        # k is the upper limit: suffix decoding picks the length of each draft itself (docs/methods.md).
-        spec = {"method": "suffix", "num_speculative_tokens": k, **{f: arm[f] for f in SUFFIX_FIELDS if f in arm}}
-    else:  # eagle, eagle3: the head is a model of its own, like a draft
-        head = engine_cfg.get("eagle_head")
-        spec = {"method": method, "num_speculative_tokens": k}
-        if head:  # without one vLLM refuses the config itself; that refusal is the recorded engine fact
-            spec["model"] = str(head)
+    try:
+        spec = decl.speculative_config(arm, engine_cfg)
+    except KeyError as exc:
+        raise ConfigError(f"engine config: field '{exc.args[0]}' (path of {decl.model.what}) is required for arm "
+                          f"{arm['name']!r}") from None
     spec.update(engine_cfg.get("speculative_extra") or {})  # same for every speculative arm
     spec.update(arm.get("speculative_config") or {})         # a variant's own keys (checked by validate_arm)
     return spec
@@ -234,17 +228,15 @@ def recommended_speculative_config(arm_spec: dict | None, recorded: str | None =
             return cfg
     spec = arm_spec or {}
     cfg = {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
-    if spec.get("method") == "draft_model":
-        cfg["model"] = draft_model or spec.get("model") or "<draft model path>"
-        cfg["draft_tensor_parallel_size"] = spec.get("draft_tensor_parallel_size")
-    elif spec.get("method") in ("ngram", "ngram_gpu"):
-        for k in ("prompt_lookup_min", "prompt_lookup_max"):
-            if spec.get(k) is not None:
-                cfg[k] = spec[k]
-    elif spec.get("method") == "suffix":
-        cfg.update({k: spec[k] for k in SUFFIX_FIELDS if spec.get(k) is not None})
-    elif spec.get("method") in ("eagle", "eagle3"):
-        cfg["model"] = spec.get("model") or "<EAGLE head path>"
+    decl = _methods.find(spec.get("method"))
+    if decl is None:
+        return cfg
+    for f in decl.arm_fields()[1:]:  # the levels after k (draft_tensor_parallel_size)
+        cfg[f] = spec.get(f)
+    if decl.model is not None:  # the production draft path replaces a draft's recorded path
+        cfg["model"] = (draft_model if decl.model.section == "draft" else None) or spec.get("model") or decl.model.placeholder
+    if decl.settings is not None:
+        cfg.update({k: spec[k] for k in decl.settings.spec_fields() if spec.get(k) is not None})
     return cfg
 
 

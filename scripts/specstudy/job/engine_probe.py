@@ -17,12 +17,18 @@ from specstudy.core.timestamps import utc_now
 from specstudy.study.engine_methods import PROBE_METHODS, SCHEMA, engine_label
 
 
-def _probe_arm(method: str, k: int, window: dict) -> dict:
+def _probe_arm(method: str, k: int, arms_cfg: dict) -> dict:
+    """The arm a probe starts: depth ``k``, 1 for any further level, the method's required settings from the
+    study's ``arms.<section>`` (else the registration's probe defaults)."""
+    from specstudy.core import methods
     from specstudy.core.arms import arm_name
 
-    arm = {"method": method, "num_speculative_tokens": k}
-    if method == "ngram_gpu":
-        arm.update(prompt_lookup_min=window.get("prompt_lookup_min", 2), prompt_lookup_max=window.get("prompt_lookup_max", 4))
+    decl = methods.get(method, "--methods")
+    arm = {"method": method, **{lv.field: (k if lv == methods.K else 1) for lv in decl.levels}}
+    s = decl.settings
+    if s is not None and s.required:
+        section = arms_cfg.get(s.section) or {}
+        arm.update({s.prefix + key: section.get(key, s.probe_defaults.get(key)) for key in s.keys})
     arm["name"] = arm_name(arm)
     return arm
 
@@ -84,7 +90,7 @@ def probe_methods(cfg: dict, methods: list[str], *, work_dir: str | Path, config
                                         "--methods", *methods, "--out", str(out_path)]),
            "target": engine["model"], "methods": {}}
     for method in methods:
-        arm = _probe_arm(method, k, arms_cfg.get("ngram") or {})
+        arm = _probe_arm(method, k, arms_cfg)
         log(f"probe {arm['name']}: starting a {engine_label(rec)} server ...")
         res = probe_method(engine, arm, Path(work_dir) / arm["name"], timeout_s=timeout_s)
         log(f"probe {arm['name']}: {'servable' if res['servable'] else 'refused: ' + res['message']} ({res['seconds']} s)")

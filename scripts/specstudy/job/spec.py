@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specstudy.core import atomic
+from specstudy.core import atomic, methods
 from specstudy.core.records import Plan, to_record
 from specstudy.deployment import provenance
 from specstudy.study.config import engine_builds, engine_label
@@ -30,8 +30,8 @@ def engine_flat(engine: dict) -> dict:
         "max_model_len": target["max_model_len"],
         "dtype": target.get("dtype"),
         "chat_template": target.get("chat_template"),
-        "draft_model": (engine.get("draft") or {}).get("path"),
-        "eagle_head": (engine.get("eagle_head") or {}).get("path"),
+        # the model directory of each registered method that loads one (core.methods: ModelPath)
+        **{mp.flat: (engine.get(mp.section) or {}).get("path") for mp in methods.model_paths()},
         "gpu_memory_utilization": server.get("gpu_memory_utilization", 0.9),
         "extra_args": list(server.get("extra_args") or []),
         "env": dict(server.get("env") or {}),
@@ -103,12 +103,11 @@ def fingerprint_context(spec: dict) -> dict:
         "target_identity": model_identity(engine["target"].get("path")),
         "cell_settings": {k: v for k, v in spec["cell_settings"].items() if k not in _OPERATIONAL_CELL_KEYS},
     }
-    if arm.get("method") == "draft_model":  # the draft is loaded only by draft arms
-        ctx["engine"]["draft"] = engine.get("draft")
-        ctx["draft_identity"] = model_identity((engine.get("draft") or {}).get("path"))
-    if arm.get("method") in ("eagle", "eagle3"):  # the head is loaded only by EAGLE arms
-        ctx["engine"]["eagle_head"] = engine.get("eagle_head")
-        ctx["eagle_head_identity"] = model_identity((engine.get("eagle_head") or {}).get("path"))
+    decl = methods.find(arm.get("method"))
+    if decl is not None and decl.model is not None:  # a draft, head or drafter is loaded only by its method's arms
+        section = decl.model.section
+        ctx["engine"][section] = engine.get(section)
+        ctx[f"{section}_identity"] = model_identity((engine.get(section) or {}).get("path"))
     return ctx
 
 

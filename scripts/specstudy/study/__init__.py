@@ -7,6 +7,8 @@
 - :mod:`.template_args` — per-workload chat-template switches;
 - :mod:`.phase_decl` — every phase declared once (core and opt-in): target, kind, label, checks, design;
 - :mod:`.engine_methods` — the recorded probe of which speculative methods the engine serves;
+- :mod:`.methods_cli` — ``specstudy methods``: the registered methods (``core.methods``), the probe's word on
+  each, and the record schemas' method lists generated from the registry;
 - :mod:`.plan` — the factorial of deployments and cells, and their counterbalanced order;
 - :mod:`.cost` and :mod:`.duty` — the study's cost preview and the duty cycle it is estimated from;
 - :mod:`.plan_cli` — ``specstudy plan`` and ``specstudy prereg-lock`` (plan, lock, ``--cost``; listed in ``specstudy.cli.SUBCOMMANDS``);

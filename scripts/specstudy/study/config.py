@@ -12,6 +12,7 @@ from typing import Any
 
 from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError
+from specstudy.study.engine_methods import methods_record_path
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
            "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT", "engine_builds", "engine_label", "engine_names"]
@@ -50,7 +51,9 @@ def _scale_model_problems(cfg: dict, source: str) -> list[str]:
 
 def _variant_problems(cfg: dict) -> list[str]:
     """``arms.variants``: each varies an arm of the factorial, once, with settings core.arms accepts."""
+    from specstudy.core import methods
     from specstudy.core.arms import arm_name, is_arm_name, override_problems, parse_arm
+    from specstudy.study.engine_methods import engine_refusal
 
     arms = cfg["arms"]
     variants = arms.get("variants") or []
@@ -58,6 +61,10 @@ def _variant_problems(cfg: dict) -> list[str]:
     seen: set[str] = set()
     for i, v in enumerate(variants):
         where = f"arms.variants[{i}]"
+        unknown = methods.method_of_unknown_arm(v["of"])
+        if unknown:
+            problems.append(methods.unknown_method(unknown, f"{where}.of"))
+            continue
         base = parse_arm(v["of"]) if is_arm_name(v["of"]) else None
         if (base is None or "variant" in base or base["method"] not in arms["methods"]
                 or base.get("num_speculative_tokens", 0) not in [0, *(arms.get("num_speculative_tokens") or [])]
@@ -72,10 +79,13 @@ def _variant_problems(cfg: dict) -> list[str]:
                 f"{builds[0]} (builds: {', '.join(builds)})" if builds else
                 "names an engine build, but this study declares no engines; remove the '@...'"))
             continue
-        refused = _probe_refusal(engine_builds(cfg)[base.get("engine")], base["method"])
+        build = {"engine": engine_builds(cfg)[base.get("engine")]}  # a missing record is its own check's
+        path = methods_record_path(build)
+        refused = engine_refusal(build, base["method"]) if path is not None and path.is_file() else None
         if refused:
-            problems.append(f"field '{where}.of': {v['of']!r} cannot be served: {refused}; vary an arm of a build "
-                            f"that serves the method")
+            who = f"engine build {base['engine']}" if base.get("engine") else "the declared engine"
+            problems.append(f"field '{where}.of': {v['of']!r} is an arm of method {base['method']}, which {who} "
+                            f"cannot serve: {refused}; vary a servable arm, or probe an engine that serves it")
             continue
         name = arm_name({**parse_arm(v["of"]), "variant": v["name"]})
         if name in seen:
@@ -120,17 +130,6 @@ def engine_label(cfg: dict, name: str | None) -> str | None:
     return ((cfg.get("engines") or {}).get(name) or {}).get("label") if name else None
 
 
-def _probe_refusal(engine: dict, method: str) -> str | None:
-    """The engine's own refusal of ``method`` from the build's probe record (None: servable, not probed, or
-    no record readable; a missing record is reported by the record's own check)."""
-    path = methods_record_path(engine)
-    if path is None or not path.is_file():
-        return None
-    from specstudy.study.engine_methods import load_record, refusal
-
-    return refusal(load_record(path), method, engine["methods_record"])
-
-
 def _engine_problems(cfg: dict, source: str) -> list[str]:
     """A study of several engine builds: each has its own probe record, all share the tokenizer and the chat
     template (their outputs are compared), and none is asked for async scheduling with a method its record
@@ -144,7 +143,7 @@ def _engine_problems(cfg: dict, source: str) -> list[str]:
             problems.append(f"field 'engines.{name}.methods_record': every engine build needs its own probe record "
                             f"(what this build serves; engine.methods_record is not inherited); run `specstudy engine probe-methods` on this build (its "
                             f"python, server.env or container) and set the field to the file it writes")
-        elif not methods_record_path(engine).is_file():
+        elif not methods_record_path({"engine": engine}).is_file():
             problems.append(f"field 'engines.{name}.methods_record': {engine['methods_record']} does not exist; write "
                             f"it with `specstudy engine probe-methods` run on this build, or fix the path")
     for field in ("tokenizer", "chat_template"):
@@ -170,7 +169,7 @@ def _async_problems(cfg: dict, builds: dict) -> list[str]:
     out: list[str] = []
     speculative = [m for m in cfg["arms"]["methods"] if m != "baseline"]
     for name, engine in builds.items():
-        path = methods_record_path(engine)
+        path = methods_record_path({"engine": engine})
         if path is None or not path.is_file():
             continue
         record = load_record(path)
@@ -194,6 +193,58 @@ def _async_problems(cfg: dict, builds: dict) -> list[str]:
     return out
 
 
+def _method_problems(cfg: dict, source: str) -> list[str]:
+    """``arms.methods`` (and ``arms.unservable[].method``) against the method registry (core.methods): each a
+    registered method, with the levels, settings and model directory its registration needs, and nothing the
+    engine refuses with it. A method the record says the engine refused needs no model directory: its arms are
+    skipped, never deployed. (A method the record does not cover is the pre-flight's: the probe that writes
+    the record reads this config too.)"""
+    from specstudy.core import methods
+    from specstudy.study.engine_methods import engine_refusal
+
+    arms, engine = cfg["arms"], cfg["engine"]
+    problems: list[str] = []
+    listed = []
+    for i, name in enumerate(arms["methods"]):
+        if name != methods.BASELINE and methods.find(name) is None:
+            problems.append(methods.unknown_method(name, f"arms.methods[{i}]"))
+        elif name != methods.BASELINE:
+            listed.append(methods.get(name))
+    for i, rule in enumerate(arms.get("unservable") or []):
+        if "method" in rule and rule["method"] != methods.BASELINE and methods.find(rule["method"]) is None:
+            problems.append(methods.unknown_method(rule["method"], f"arms.unservable[{i}].method"))
+    if problems:
+        return problems
+    record = engine.get("methods_record")
+    seen_sections: set[str] = set()
+    flags = [str(a) for a in (engine.get("server") or {}).get("extra_args") or []]
+    for decl in listed:
+        refused = engine_refusal(cfg, decl.name) if record and methods_record_path(cfg).is_file() else None
+        if decl.model and not refused and not (engine.get(decl.model.section) or {}).get("path"):
+            problems.append(f"field '{decl.model.field}': required for method {decl.name}; set {decl.model.what} "
+                            f"(or remove {decl.name} from arms.methods)")
+        for level in decl.levels[1:]:
+            if not arms.get(level.field):
+                problems.append(f"field 'arms.{level.field}': required for method {decl.name}; e.g. {level.example}")
+        s = decl.settings
+        if s and s.required and s.section not in seen_sections:
+            section = arms.get(s.section) or {}
+            if any(k not in section for k in s.keys):
+                problems.append(f"field 'arms.{s.section}': needs {' and '.join(s.keys)} for method {decl.name}")
+            elif s.check:
+                problems.extend(s.check(section))
+        if s:
+            seen_sections.add(s.section)
+        if not refused:
+            problems.extend(decl.forbidden_problems("engine.server", None, flags))
+    for section, s in methods.settings_sections().items():
+        owners = methods.methods_with_settings(section)
+        if not s.required and arms.get(section) and not set(owners) & set(arms["methods"]):
+            problems.append(f"field 'arms.{section}': set only with method {'/'.join(owners)} in arms.methods; add "
+                            f"{owners[0]} or remove arms.{section}")
+    return problems
+
+
 def check_config(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` against config.schema.json plus cross-field rules; return it unchanged."""
     try:
@@ -208,24 +259,11 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
     spec_methods = [m for m in methods if m != "baseline"]
     if spec_methods and not arms.get("num_speculative_tokens"):
         problems.append("field 'arms.num_speculative_tokens': required when a speculative method is listed; e.g. [2, 3, 5, 8]")
-    if "draft_model" in methods:
-        if not (cfg["engine"].get("draft") or {}).get("path"):
-            problems.append("field 'engine.draft.path': required for method draft_model; set the draft model directory")
-        if not arms.get("draft_tensor_parallel_size"):
-            problems.append("field 'arms.draft_tensor_parallel_size': required for method draft_model; e.g. [1, 4]")
-    for ngm in [m for m in ("ngram", "ngram_gpu") if m in methods][:1]:
-        ng = arms.get("ngram") or {}
-        lo, hi = ng.get("prompt_lookup_min"), ng.get("prompt_lookup_max")
-        if lo is None or hi is None:
-            problems.append(f"field 'arms.ngram': needs prompt_lookup_min and prompt_lookup_max for method {ngm}")
-        elif lo > hi:
-            problems.append(f"field 'arms.ngram.prompt_lookup_min': {lo} > prompt_lookup_max {hi}; make min <= max")
-    if arms.get("suffix") and "suffix" not in methods:
-        problems.append("field 'arms.suffix': set only with method suffix in arms.methods; add suffix or remove arms.suffix")
+    problems.extend(_method_problems(cfg, source))
     problems.extend(_variant_problems(cfg))
     problems.extend(_engine_problems(cfg, source))
     record = cfg["engine"].get("methods_record")
-    if record and not methods_record_path(cfg["engine"]).is_file():
+    if record and not methods_record_path(cfg).is_file():
         problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
                         f"`specstudy engine probe-methods --config {source} --out {record}`")
     drift = (cfg.get("plan") or {}).get("drift_cell")
@@ -284,17 +322,6 @@ def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]
         text = json.dumps(data, sort_keys=True, indent=1)
         out[layout.config_file(f"{prefix}{hashlib.sha256(text.encode()).hexdigest()[:16]}", root)] = text
     return out
-
-
-def methods_record_path(engine: dict) -> Path | None:
-    """An engine section's ``methods_record`` (:func:`engine_builds` gives each build's): relative to the
-    working directory, else to the repository (as the pre-registration: a study run from another directory
-    still finds the shipped record)."""
-    record = engine.get("methods_record")
-    if not record:
-        return None
-    p = Path(record)
-    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
 
 
 def resolved(cfg: dict) -> dict:

@@ -1,5 +1,8 @@
 """Which speculative methods the pinned engine serves: the recorded probe per engine, read by the plan.
 
+This record is the one source of *servability*; which entry of it speaks for a method is the method's
+registration (``probe`` in :mod:`specstudy.core.methods`; None for the methods the study measures directly).
+
 The probe itself, which starts one real server per method, is :mod:`specstudy.job.engine_probe`.
 
 A method is servable when a real server of that engine, asked for it with the study's own target,
@@ -28,10 +31,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specstudy.core import methods
 from specstudy.core.errors import UserError
 
 SCHEMA = "specstudy.engine-methods/1"
-PROBE_METHODS = ("ngram_gpu", "suffix", "eagle", "eagle3")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def __getattr__(name: str):
+    """``PROBE_METHODS``: the registered methods whose servability the probe records (the registry's current list)."""
+    if name == "PROBE_METHODS":
+        return methods.probe_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_record(path: str | Path) -> dict:
@@ -81,6 +92,35 @@ def refusal(rec: dict, method: str, path: str | Path) -> str | None:
             f"{res['message'].strip()}")
 
 
+
+
+def engine_refusal(cfg: dict, method: str) -> str | None:
+    """The engine's refusal of ``method`` from the study's recorded probe (``engine.methods_record``), None when
+    no record is declared, the method is not probed (its registration's ``probe`` is None) or it is servable."""
+    decl = methods.find(method)
+    path = methods_record_path(cfg)
+    if path is None or decl is None or decl.probe is None:
+        return None
+    return refusal(load_record(path), decl.probe, cfg["engine"]["methods_record"])
+
+
+def unprobed(cfg: dict, listed: list[str]) -> list[str]:
+    """The methods of ``listed`` that need a probe entry the declared record lacks (empty without a record)."""
+    path = methods_record_path(cfg)
+    if path is None or not path.is_file():
+        return []
+    probed = load_record(path).get("methods") or {}
+    return [m for m in listed if (decl := methods.find(m)) is not None and decl.probe and decl.probe not in probed]
+
+
+def methods_record_path(cfg: dict) -> Path | None:
+    """``engine.methods_record``: relative to the working directory, else to the repository (as the
+    pre-registration: a study run from another directory still finds the shipped record)."""
+    record = (cfg.get("engine") or {}).get("methods_record")
+    if not record:
+        return None
+    p = Path(record)
+    return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
 
 
 def async_refusal(rec: dict, method: str, path: str | Path) -> str | None:

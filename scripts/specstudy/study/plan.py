@@ -1,8 +1,9 @@
 """The study plan: arms, the factorial of deployments and cells, and their counterbalanced order.
 
 Design (recorded in ``plan.json`` with its seed):
-- Arms: baseline, ``draft-k<k>-tp<t>`` for every depth × draft TP, ``<method>-k<k>`` for every depth of
-  every other method (ngram, ngram_gpu, suffix, eagle, eagle3). Levels declared unservable in the config,
+- Arms: baseline and, for every method of ``arms.methods``, one arm per combination of its levels as its
+  registration declares (:mod:`specstudy.core.methods`: ``draft-k<k>-tp<t>`` for every depth × draft TP,
+  ``<method>-k<k>`` for every depth of every other method). Levels declared unservable in the config,
   and methods the engine's recorded probe (``engine.methods_record``, :mod:`specstudy.study.engine_methods`)
   says it refused, appear in the plan as skipped, with their reason (the engine's own message).
 - Deployments: ``repeats`` rounds; in every round each arm is deployed once (a randomized complete
@@ -24,7 +25,7 @@ import random
 from itertools import product
 from pathlib import Path
 
-from specstudy.core import layout
+from specstudy.core import layout, methods
 from specstudy.core.arms import ARM_PATTERN, BASELINE_PATTERN, VARIANT_SETTINGS, arm_name, is_baseline
 from specstudy.core.atomic import sha256_file
 from specstudy.study.config import ConfigError
@@ -36,14 +37,10 @@ __all__ = ["ARM_PATTERN", "BASELINE_PATTERN", "CORE_PHASES", "PHASES", "arm_name
 
 
 def _engine_refusal(engine: dict, method: str) -> str | None:
-    from specstudy.study.config import methods_record_path
+    """The refusal of ``method`` in the probe record of one engine section (a build's, in a study of several)."""
+    from specstudy.study.engine_methods import engine_refusal
 
-    path = methods_record_path(engine)
-    if path is None or method in ("baseline", "draft_model", "ngram"):  # the core methods are measured, not probed
-        return None
-    from specstudy.study.engine_methods import load_record, refusal
-
-    return refusal(load_record(path), method, engine["methods_record"])
+    return engine_refusal({"engine": engine}, method)
 
 
 def _unservable_reason(cfg: dict, spec: dict, engine: dict) -> str | None:
@@ -72,26 +69,16 @@ def all_arms(cfg: dict) -> list[dict]:
     arms_cfg = cfg["arms"]
     specs: list[dict] = []
     for method in arms_cfg["methods"]:
-        if method == "baseline":
-            specs.append({"method": "baseline"})
-        elif method == "draft_model":
-            for k, tp in product(arms_cfg["num_speculative_tokens"], arms_cfg["draft_tensor_parallel_size"]):
-                specs.append({"method": "draft_model", "num_speculative_tokens": k, "draft_tensor_parallel_size": tp})
-        elif method in ("ngram", "ngram_gpu"):
-            ng = arms_cfg["ngram"]
-            for k in arms_cfg["num_speculative_tokens"]:
-                specs.append({"method": method, "num_speculative_tokens": k,
-                              "prompt_lookup_min": ng["prompt_lookup_min"], "prompt_lookup_max": ng["prompt_lookup_max"]})
-        elif method == "suffix":
-            sfx = {f"suffix_decoding_{key}": val for key, val in (arms_cfg.get("suffix") or {}).items()}
-            for k in arms_cfg["num_speculative_tokens"]:
-                specs.append({"method": "suffix", "num_speculative_tokens": k, **sfx})
-        elif method in ("eagle", "eagle3"):
-            for k in arms_cfg["num_speculative_tokens"]:
-                specs.append({"method": method, "num_speculative_tokens": k})
-        else:
-            raise ConfigError(f"config: arms.methods has {method!r}; use baseline, draft_model, ngram, ngram_gpu, "
-                              f"suffix, eagle or eagle3")
+        if method == methods.BASELINE:
+            specs.append({"method": methods.BASELINE})
+            continue
+        decl = methods.find(method)
+        if decl is None:
+            raise ConfigError(f"config: {methods.unknown_method(method, 'arms.methods')}")
+        fields = decl.arm_fields()
+        settings = decl.settings.arm_fields(arms_cfg.get(decl.settings.section) or {}) if decl.settings else {}
+        for combo in product(*(arms_cfg[f] for f in fields)):
+            specs.append({"method": method, **dict(zip(fields, combo, strict=True)), **settings})
     out = []
     for build, engine in engine_builds(cfg).items():
         for base in specs:

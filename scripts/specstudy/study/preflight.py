@@ -48,17 +48,16 @@ def engine_path_problems(cfg: dict) -> list[str]:
         elif p.is_dir() or not os.access(p, os.X_OK):
             problems.append(f"field 'engine.python': {python} is not an executable file; give the interpreter itself "
                             "(…/bin/python), not its directory")
+    from specstudy.core import methods
+
+    listed = [m for m in (methods.find(n) for n in cfg["arms"]["methods"]) if m is not None]
+    # the target, and the draft/head/drafter directory of each listed method that loads one (core.methods)
     models = [("engine.target.path", engine["target"].get("path"), "the target model directory"),
               ("engine.target.tokenizer", engine["target"].get("tokenizer"), "the tokenizer directory"),
-              ("engine.draft.path", (engine.get("draft") or {}).get("path"), "the draft model directory"),
-              ("engine.eagle_head.path", (engine.get("eagle_head") or {}).get("path"), "the EAGLE head directory")]
-    methods = set(cfg["arms"]["methods"])
+              *((mp.field, (engine.get(mp.section) or {}).get("path"), mp.what)
+                for mp in methods.model_paths() if any(m.model == mp for m in listed))]
     for field, path, what in models:
         if not path or _built_by_workflow(cfg, path):
-            continue
-        if field == "engine.draft.path" and "draft_model" not in methods:
-            continue
-        if field == "engine.eagle_head.path" and not methods & {"eagle", "eagle3"}:
             continue
         if not Path(path).exists():
             problems.append(f"field '{field}': {path} does not exist on this machine; give {what} (every deployment "
@@ -115,30 +114,59 @@ def extension_arm_problems(cfg: dict) -> list[str]:
     arms = (cfg.get("extensions") or {}).get("arms")
     if not isinstance(arms, list):
         return []
+    from specstudy.core import methods
     from specstudy.study import plan
 
-    every = plan.all_arms(cfg) + plan.variant_arms(cfg)
-    known = [a["name"] for a in every]
-    bad = [a for a in arms if a not in known]
-    refused = [f"field 'extensions.arms': {a['name']!r} cannot be served ({a['skip_reason']}); remove it"
-               for a in every if a["name"] in arms and not a.get("servable", True)]
+    by_name = {a["name"]: a for a in plan.all_arms(cfg) + plan.variant_arms(cfg)}
+    known = list(by_name)
+    problems = []
+    unregistered = [a for a in arms if isinstance(a, str) and methods.method_of_unknown_arm(a)]
+    for a in unregistered:  # an arm of a method that is not registered: name the nearest registered method
+        problems.append(f"{methods.unknown_method(methods.method_of_unknown_arm(a), 'extensions.arms')} (arm {a!r})")
+    for a in arms:  # an arm the plan skips (the engine's recorded refusal, or declared unservable) is never deployed
+        if a in by_name and not by_name[a]["servable"]:
+            problems.append(f"field 'extensions.arms': {a!r} is skipped by this study's plan: {by_name[a]['skip_reason']}; "
+                            f"remove it, or declare an engine that serves it")
+    bad = [a for a in arms if a not in known and a not in unregistered]
     if not bad:
-        return refused
+        return problems
     from rapidfuzz import process
 
     hints = []
     for a in bad:
         near = [m for m, _score, _ in process.extract(a, known, limit=2)]
         hints.append(f"{a!r} (nearest: {', '.join(near)})")
-    return refused + [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial or its variants; use arm "
-            f"names from arms.methods × num_speculative_tokens or arms.variants ({', '.join(known)})"]
+    return problems + [f"field 'extensions.arms': {'; '.join(hints)} not an arm of this study's factorial or its variants; "
+                       f"use arm names from arms.methods × num_speculative_tokens or arms.variants ({', '.join(known)})"]
+
+
+def method_probe_problems(cfg: dict, source: str) -> list[str]:
+    """A listed method whose servability the engine's declared record must state (its registration names a
+    probe entry) but does not: nothing would say whether this engine build serves it."""
+    from specstudy.study.config import engine_builds
+    from specstudy.study.engine_methods import load_record, methods_record_path, unprobed
+
+    out = []
+    for build, engine in engine_builds(cfg).items():  # in a study of several engine builds: each build's record
+        one = {"engine": engine}
+        record = engine.get("methods_record")
+        missing = unprobed(one, cfg["arms"]["methods"])
+        if not missing:
+            continue
+        probed = list(load_record(methods_record_path(one)).get("methods") or {})
+        whose = f"engine build {build}'s" if build else "the engine's"
+        out += [f"field 'arms.methods': method {name} has no entry in {whose} recorded probe {record}, so nothing "
+                f"says whether this engine serves it; probe it (the record is written anew, so name its methods too): "
+                f"`specstudy engine probe-methods --config {source} --methods {' '.join([*probed, *missing])} --out {record}`"
+                for name in missing]
+    return out
 
 
 def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True) -> None:
     """Raise :class:`ConfigError` listing every machine-dependent problem of an already checked config.
     ``cpus=False`` where the deployments run on other nodes than this process and no profile says which
     (the workflow parsed under a cluster executor: ``check-config --profile`` checks them)."""
-    problems = (engine_path_problems(cfg) + (client_cpu_problems(cfg, profile) if cpus else [])
-                + extension_arm_problems(cfg))
+    problems = (engine_path_problems(cfg) + method_probe_problems(cfg, source)
+                + (client_cpu_problems(cfg, profile) if cpus else []) + extension_arm_problems(cfg))
     if problems:
         raise ConfigError(f"{source}: the study cannot run as configured:\n  - " + "\n  - ".join(problems))

@@ -79,6 +79,6 @@ def compare_knees(baseline_knee: CapacityKnee | dict | str | os.PathLike,
                if rec.status != "confirmed"]
     tail = f" [{'; '.join(caveats)}]" if caveats else ""
     method = ((c.deployment or {}).get("arm") or {}).get("method")  # the summary's arm: the record's, or None
-    subject = {None: "the draft", "draft_model": "the draft", "ngram": "n-gram speculation (no draft model)"}.get(
-        method, f"the {method} arm")
+    subject = ("the draft" if method in (None, "draft_model") else "n-gram speculation (no draft model)"
+               if method == "ngram" else f"the {method} arm")
     return f"{subject} {cost} and {move}{tail}"
