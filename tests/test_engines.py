@@ -95,6 +95,8 @@ def test_async_scheduling_where_the_build_refuses_it_is_refused(cfg):
     assert "field 'engines.v026.server.extra_args': --async-scheduling" in msg
     assert "refuses --async-scheduling with method 'ngram'" in msg and "not supported with ngram" in msg
     assert "'draft_model'" not in msg
+    # and the registry's own word on every engine (ngram refuses it), in the build's flags
+    assert "field 'engines.v026.server.extra_args': --async-scheduling with method ngram is refused" in msg
 
 
 def test_an_async_variant_is_refused_on_the_build_that_refuses_it_and_kept_on_the_other(cfg):

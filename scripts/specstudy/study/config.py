@@ -153,6 +153,14 @@ def _engine_problems(cfg: dict, source: str) -> list[str]:
             problems.append(f"field 'engines.*.target.{field}': the engine builds differ ("
                             + ", ".join(f"{n}: {v}" for n, v in seen.items())
                             + f"); their outputs would not be comparable; give every build the same {field}")
+    from specstudy.core import methods
+
+    for name, engine in builds.items():  # what the registry says every engine refuses, in each build's own flags
+        flags = [str(a) for a in (cfg["engines"][name].get("server") or {}).get("extra_args") or []]
+        for m in cfg["arms"]["methods"]:
+            decl = methods.find(m)
+            if decl is not None and flags:
+                problems.extend(decl.forbidden_problems(f"engines.{name}.server", None, flags))
     problems.extend(_async_problems(cfg, builds))
     return problems
 
