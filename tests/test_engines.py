@@ -301,3 +301,10 @@ def test_the_report_section_shows_both_builds_and_the_decomposition():
     empty = []
     engines_section(empty, [], {}, s)
     assert empty == []
+
+
+def test_a_methods_model_is_required_unless_every_build_refuses_the_method(cfg, tmp_path):
+    cfg["arms"]["methods"] = ["baseline", "ngram", "eagle"]
+    check_config(cfg, "study.yaml")  # both records refuse eagle (no head): its arms are skipped on both
+    cfg["engines"]["v026"]["methods_record"] = _record(tmp_path, "v026-eagle", vllm="0.26.0", serves=["eagle"])
+    assert "field 'engine.eagle_head.path': required for method eagle" in _problems(cfg)

@@ -147,15 +147,15 @@ def _engine_problems(cfg: dict, source: str) -> list[str]:
             problems.append(f"field 'engines.{name}.methods_record': {engine['methods_record']} does not exist; write "
                             f"it with `specstudy engine probe-methods` run on this build, or fix the path")
     for field in ("tokenizer", "chat_template"):
-        seen = {name: (engine["target"].get(field) or (engine["target"]["path"] if field == "tokenizer" else None))
-                for name, engine in builds.items()}
+        seen = {name: (engine["target"].get(field) or (engine["target"]["path"] if field == "tokenizer" else
+                                                        "(the model's own)")) for name, engine in builds.items()}
         if len(set(seen.values())) > 1:
             problems.append(f"field 'engines.*.target.{field}': the engine builds differ ("
                             + ", ".join(f"{n}: {v}" for n, v in seen.items())
                             + f"); their outputs would not be comparable; give every build the same {field}")
     from specstudy.core import methods
 
-    for name, engine in builds.items():  # what the registry says every engine refuses, in each build's own flags
+    for name in builds:  # what the registry says every engine refuses, in each build's own flags
         flags = [str(a) for a in (cfg["engines"][name].get("server") or {}).get("extra_args") or []]
         for m in cfg["arms"]["methods"]:
             decl = methods.find(m)
@@ -201,6 +201,19 @@ def _async_problems(cfg: dict, builds: dict) -> list[str]:
     return out
 
 
+def _refused_by_every_build(cfg: dict, method: str) -> str | None:
+    """The engine's refusal of ``method`` where every engine build's readable record refuses it (one build that
+    may serve it needs the method's settings); None otherwise."""
+    from specstudy.study.engine_methods import engine_refusal
+
+    refusals = []
+    for engine in engine_builds(cfg).values():
+        one = {"engine": engine}
+        path = methods_record_path(one)
+        refusals.append(engine_refusal(one, method) if engine.get("methods_record") and path.is_file() else None)
+    return refusals[0] if all(refusals) else None
+
+
 def _method_problems(cfg: dict, source: str) -> list[str]:
     """``arms.methods`` (and ``arms.unservable[].method``) against the method registry (core.methods): each a
     registered method, with the levels, settings and model directory its registration needs, and nothing the
@@ -208,7 +221,6 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
     skipped, never deployed. (A method the record does not cover is the pre-flight's: the probe that writes
     the record reads this config too.)"""
     from specstudy.core import methods
-    from specstudy.study.engine_methods import engine_refusal
 
     arms, engine = cfg["arms"], cfg["engine"]
     problems: list[str] = []
@@ -223,11 +235,10 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
             problems.append(methods.unknown_method(rule["method"], f"arms.unservable[{i}].method"))
     if problems:
         return problems
-    record = engine.get("methods_record")
     seen_sections: set[str] = set()
     flags = [str(a) for a in (engine.get("server") or {}).get("extra_args") or []]
     for decl in listed:
-        refused = engine_refusal(cfg, decl.name) if record and methods_record_path(cfg).is_file() else None
+        refused = _refused_by_every_build(cfg, decl.name)
         if decl.model and not refused and not (engine.get(decl.model.section) or {}).get("path"):
             problems.append(f"field '{decl.model.field}': required for method {decl.name}; set {decl.model.what} "
                             f"(or remove {decl.name} from arms.methods)")
