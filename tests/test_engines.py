@@ -308,3 +308,18 @@ def test_a_methods_model_is_required_unless_every_build_refuses_the_method(cfg, 
     check_config(cfg, "study.yaml")  # both records refuse eagle (no head): its arms are skipped on both
     cfg["engines"]["v026"]["methods_record"] = _record(tmp_path, "v026-eagle", vllm="0.26.0", serves=["eagle"])
     assert "field 'engine.eagle_head.path': required for method eagle" in _problems(cfg)
+
+
+def test_energy_per_token_is_set_against_the_own_builds_baseline():
+    from specstudy.report.efficiency import energy_rows
+
+    def cell(arm, j):
+        return {"phase": "confirm", "workload": "code", "concurrency": 1, "arm": arm, "rep": 1,
+                "throughput_valid": True, "energy_j_per_output_token": j, "gpu_energy_j": 100.0,
+                "gpu_energy_window_s": 10.0}
+
+    rows = {r["arm"]: r for r in energy_rows([cell("baseline@v023", 2.0), cell("baseline@v026", 1.0),
+                                               cell("draft-k3-tp1@v023", 3.0), cell("draft-k3-tp1@v026", 1.5)])}
+    assert rows["draft-k3-tp1@v023"]["ratio_to_baseline"] == pytest.approx(1.5)
+    assert rows["draft-k3-tp1@v026"]["ratio_to_baseline"] == pytest.approx(1.5)
+    assert rows["baseline@v026"]["ratio_to_baseline"] is None
