@@ -323,3 +323,20 @@ def test_energy_per_token_is_set_against_the_own_builds_baseline():
     assert rows["draft-k3-tp1@v023"]["ratio_to_baseline"] == pytest.approx(1.5)
     assert rows["draft-k3-tp1@v026"]["ratio_to_baseline"] == pytest.approx(1.5)
     assert rows["baseline@v026"]["ratio_to_baseline"] is None
+
+
+def test_the_cost_model_reads_each_arms_step_against_its_own_builds_baseline():
+    from specstudy.report.costmodel import cost_model
+
+    def cell(arm, tpot, length=None, method="draft_model"):
+        return {"phase": "confirm", "arm": arm, "workload": "code", "concurrency": 1, "valid": True,
+                "throughput_valid": True, "tpot_p50_ms": tpot, "output_tokens_per_second": 1000 / tpot,
+                "mean_acceptance_length": length, "acceptance_rate": 0.5, "method": method,
+                "num_speculative_tokens": 3}
+
+    cells = [cell("baseline@v023", 10.0, method="baseline"), cell("baseline@v026", 5.0, method="baseline"),
+             cell("draft-k3-tp1@v023", 10.0, 2.0), cell("draft-k3-tp1@v026", 4.0, 2.0)]
+    steps = {s["arm"]: s for s in cost_model(cells)["steps"]}
+    assert steps["draft-k3-tp1@v023"]["base_step_ms"] == 10.0 and steps["draft-k3-tp1@v026"]["base_step_ms"] == 5.0
+    preds = {p["arm"]: p for p in cost_model(cells)["predictions"]}
+    assert preds["draft-k3-tp1@v026"]["measured_speedup"] == pytest.approx(5.0 / 4.0)
