@@ -182,9 +182,12 @@ def tokenizer_dir():
 
 
 def methods_record_input():
-    """The engine's recorded probe of the further methods (engine.methods_record): a re-probe re-plans."""
-    record = config["engine"].get("methods_record")
-    return [record] if record else []
+    """The engine's recorded probe of the further methods (engine.methods_record; each engine build's in a study
+    of several): a re-probe re-plans."""
+    from specstudy.study.config import engine_builds
+
+    records = [e.get("methods_record") for e in engine_builds(config).values()]
+    return list(dict.fromkeys(r for r in records if r))
 
 
 def model_inputs():
