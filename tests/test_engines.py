@@ -340,3 +340,12 @@ def test_the_cost_model_reads_each_arms_step_against_its_own_builds_baseline():
     assert steps["draft-k3-tp1@v023"]["base_step_ms"] == 10.0 and steps["draft-k3-tp1@v026"]["base_step_ms"] == 5.0
     preds = {p["arm"]: p for p in cost_model(cells)["predictions"]}
     assert preds["draft-k3-tp1@v026"]["measured_speedup"] == pytest.approx(5.0 / 4.0)
+
+
+def test_the_cost_preview_plans_every_builds_baseline_and_arms(cfg, tmp_path):
+    from specstudy.study import cost
+
+    cfg["cost"]["confirmation_arms"] = 2  # the baseline and one speculative setting, on each build
+    pv = cost.preview(cfg, results=str(tmp_path / "results"))
+    confirm = next(r for r in pv["phases"] if r["phase"] == "confirm")
+    assert "assumed 4 arms" in confirm["note"]  # 2 builds x (baseline + one speculative setting)
