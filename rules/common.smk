@@ -8,7 +8,8 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
 
-from specstudy.core import arms as _arms, layout  # noqa: E402  (every results path: built here from the one layout)
+from specstudy.core import layout  # noqa: E402  (every results path: built here from the one layout)
+from specstudy.core import arms as _arms  # noqa: E402
 from specstudy.study import plan as _plan  # noqa: E402
 from specstudy.study.config import ConfigError, check_config, effective_config_files  # noqa: E402
 from specstudy.study.prereg import load_prereg, prereg_path  # noqa: E402
