@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 import yaml  # noqa: E402
 
 from specstudy.core import layout  # noqa: E402  (every results path: built here from the one layout)
+from specstudy.core import arms as _arms  # noqa: E402
 from specstudy.study import plan as _plan  # noqa: E402
 from specstudy.study.config import ConfigError, check_config, effective_config_files  # noqa: E402
 from specstudy.study.prereg import load_prereg, prereg_path  # noqa: E402
@@ -193,9 +194,12 @@ def tokenizer_dir():
 
 
 def methods_record_input():
-    """The engine's recorded probe of the further methods (engine.methods_record): a re-probe re-plans."""
-    record = config["engine"].get("methods_record")
-    return [record] if record else []
+    """The engine's recorded probe of the further methods (engine.methods_record; each engine build's in a study
+    of several): a re-probe re-plans."""
+    from specstudy.study.config import engine_builds
+
+    records = [e.get("methods_record") for e in engine_builds(config).values()]
+    return list(dict.fromkeys(r for r in records if r))
 
 
 def model_inputs():
@@ -499,7 +503,7 @@ def screen_repeat_records(wildcards=None):
 
 
 def spec_arms(p):
-    return sorted({d["arm"] for d in p["deployments"] if d["arm"] != "baseline"})
+    return sorted({d["arm"] for d in p["deployments"] if not _arms.is_baseline(d["arm"])})
 
 
 def gates_of(phase):
@@ -534,7 +538,8 @@ def gates_of_screen(wildcards):
 def gate_inputs(wildcards):
     p = screen_plan() if wildcards.phase == "screen" else confirm_plan_active()
     reps = [d for d in p["deployments"] if d["kind"] == "repeat"]
-    base = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == "baseline"]
+    own = _arms.baseline_of(wildcards.arm)  # the baseline of the arm's own engine build
+    base = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == own]
     cand = [record_path(wildcards.phase, d["arm"], d["rep"]) for d in reps if d["arm"] == wildcards.arm]
     if not cand:
         raise WorkflowError(f"no {wildcards.phase} deployments of arm {wildcards.arm}")
@@ -549,7 +554,10 @@ def final_candidate_file(wildcards=None):
 
 def capacity_arms():
     decision = _read_result(final_candidate_file())
-    return ["baseline"] + ([decision["arm"]] if decision.get("arm") else [])
+    arm = decision.get("arm")
+    if not arm:  # no candidate: the baseline alone (of the first engine build, in a study of several)
+        return [next(a["name"] for a in _plan.all_arms(config) if _arms.is_baseline(a["name"]))]
+    return [_arms.baseline_of(arm), arm]
 
 
 def capacity_targets(wildcards):

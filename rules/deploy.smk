@@ -80,4 +80,4 @@ use rule deploy_screen as deploy_drift with:
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
     wildcard_constraints:
-        arm="baseline",
+        arm=_plan.BASELINE_PATTERN,

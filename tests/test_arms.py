@@ -58,3 +58,32 @@ def test_plan_arms_are_named_by_arms_module():
         fixed = parse_arm(arm["name"])
         assert {k: arm[k] for k in fixed} == fixed
     assert plan.ARM_PATTERN == ARM_PATTERN  # rules/common.smk reads it from plan
+
+
+# ------------------------------------------------------------------------------------------ engine builds
+@pytest.mark.parametrize("name,engine", [("baseline@v023", "v023"), ("draft-k3-tp1@v026", "v026"),
+                                         ("ngram-k3@cpu_b", "cpu_b"), ("draft-k3-tp1+eager-draft@v026", "v026")])
+def test_an_arm_of_one_engine_build_names_it_after_the_at(name, engine):
+    from specstudy.core.arms import baseline_of, engine_of, is_baseline
+
+    spec = parse_arm(name)
+    assert spec["engine"] == engine and arm_name(spec) == name
+    assert re.fullmatch(ARM_PATTERN, name) and is_arm_name(name)
+    assert engine_of(name) == engine
+    assert baseline_of(name) == f"baseline@{engine}"
+    assert is_baseline(name) == name.startswith("baseline@")
+
+
+def test_a_study_of_one_engine_keeps_its_names():
+    from specstudy.core.arms import baseline_of, engine_of, is_baseline
+
+    assert "engine" not in parse_arm("draft-k3-tp1")
+    assert engine_of("draft-k3-tp1") is None and baseline_of("draft-k3-tp1") == "baseline"
+    assert is_baseline("baseline") and not is_baseline("baseline+v1-sync") and not is_baseline("draft-k3-tp1")
+
+
+@pytest.mark.parametrize("bad", ["baseline@", "baseline@V026", "draft-k3-tp1@v0.26", "baseline@v1@v2", "@v026",
+                                 "draft-k3-tp1@v026+x"])
+def test_a_malformed_engine_suffix_is_no_arm_name(bad):
+    assert not is_arm_name(bad)
+    assert re.fullmatch(ARM_PATTERN, bad) is None

@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specstudy.core import atomic
+from specstudy.core.arms import baseline_of, engine_of, is_arm_name, is_baseline, parse_arm
 from specstudy.core.atomic import sha256_file
 from specstudy.core.records import kv_cache_tokens, read_plan
 from specstudy.core.stat_util import median
@@ -48,7 +49,51 @@ def _metric(summary: dict, metric: str) -> float | None:
     return 1.0 / float(v) if v else None  # invert: lower is better everywhere below
 
 
+def _build(arm) -> str | None:
+    return engine_of(arm) if is_arm_name(arm) else None
+
+
 def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: list[dict] | None = None) -> dict:
+    """The selection (module docstring). In a study of several engine builds the rule runs on each build's
+    arms against that build's baseline, and every arm that is a candidate on one build is confirmed on every
+    build that screened it (so that confirmation measures the same arm across builds: docs/engines.md)."""
+    builds = sorted({_build(s["keys"]["arm"]) for s in summaries} - {None})
+    if not builds:
+        return _select_build(summaries, deployments, prereg, gates)
+    subs = {b: _select_build([s for s in summaries if _build(s["keys"]["arm"]) == b],
+                             [d for d in deployments if _build((d.get("arm") or {}).get("name")) == b], prereg,
+                             [g for g in gates or [] if _build(g.get("arm")) == b]) for b in builds}
+    screened = {s["keys"]["arm"] for s in summaries}
+    chosen = sorted({parse_arm(c["arm"])["name"].rsplit("@", 1)[0] for sub in subs.values() for c in sub["candidates"]})
+    candidates = []
+    for b in builds:
+        own = {c["arm"]: c["why"] for c in subs[b]["candidates"]}
+        for base in chosen:
+            name = f"{base}@{b}"
+            if name in own or name in screened:
+                candidates.append({"arm": name, "why": own.get(name) or [
+                    "a candidate on another engine build: confirmed on every build that screened it"]})
+    candidates = [c for c in candidates if c["arm"] not in {g["arm"] for sub in subs.values() for g in sub["gate_excluded"]}]
+    merged = {key: {k: v for sub in subs.values() for k, v in sub[key].items()}
+              for key in ("scores", "kv_cache_tokens_median", "screening_gates")}
+    return {
+        "schema": "specstudy.selection/1",
+        "rule": prereg["selection"],
+        "metric": prereg["selection"]["metric"],
+        **merged,
+        "per_workload": {b: subs[b]["per_workload"] for b in builds},
+        "best_ngram": {b: subs[b]["best_ngram"] for b in builds},
+        "engines": {b: {"candidates": [c["arm"] for c in subs[b]["candidates"]]} for b in builds},
+        "candidates": candidates,
+        "confirmation_arms": [f"baseline@{b}" for b in builds] + [c["arm"] for c in candidates],
+        **({"capped": [c for b in builds for c in subs[b]["capped"]]} if prereg["selection"].get("max_candidates")
+           is not None else {}),
+        "excluded_cells": [c for b in builds for c in subs[b]["excluded_cells"]],
+        "gate_excluded": [g for b in builds for g in subs[b]["gate_excluded"]],
+    }
+
+
+def _select_build(summaries: list[dict], deployments: list[dict], prereg: dict, gates: list[dict] | None = None) -> dict:
     rule = prereg["selection"]
     gate_verdicts = {g.get("arm"): g.get("verdict") for g in gates or [] if g.get("phase") in ("screen", None)}
     gate_excluded = {a: f"screening correctness gate verdict {v}" for a, v in gate_verdicts.items() if v == "fail"}
@@ -73,12 +118,13 @@ def select(summaries: list[dict], deployments: list[dict], prereg: dict, gates: 
     workloads = sorted({w for (_, w, _) in med})
     conc = sorted({c for (_, _, c) in med})
     scores: dict[str, dict[str, float]] = defaultdict(dict)
-    for arm in sorted({a for (a, _, _) in med if a != "baseline"}):
+    for arm in sorted({a for (a, _, _) in med if not is_baseline(a)}):
+        own = baseline_of(arm) if is_arm_name(arm) else "baseline"
         for w in workloads:
             logs = []
             complete = True
             for c in conc:
-                b = med.get(("baseline", w, c))
+                b = med.get((own, w, c))
                 v = med.get((arm, w, c))
                 if b is None or v is None:
                     complete = False
@@ -306,7 +352,7 @@ def final_candidate(summaries: list[dict], gates: list[dict], selection: dict, c
     comps = stats.comparisons(rows, cfg)
     rec = decision.recommend(comps, gates, cfg, prereg, with_stability=False)
     verdicts = {g.get("arm"): g.get("verdict") for g in gates if g.get("phase") == "confirm"}
-    cands = [c for c in rec["candidates"] if c["arm"] != "baseline"]
+    cands = [c for c in rec["candidates"] if not is_baseline(c["arm"])]
     ranked = sorted(cands, key=_rank_key, reverse=True)  # stable: ties keep decide's (sorted-arm) order, as max() does
     eligible = [c for c in ranked if c["gate_verdict"] == "pass"]
     arm = eligible[0]["arm"] if eligible else None

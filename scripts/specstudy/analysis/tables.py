@@ -291,7 +291,7 @@ def _str(v: Any) -> str | None:
 def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = None) -> dict:
     implied = parse_arm(arm_name) if is_arm_name(arm_name) else {}
     spec = dict(implied, **{k: v for k, v in (spec or {}).items() if v is not None})
-    return {
+    keys = {
         "phase": phase,
         "arm": arm_name,
         "method": spec.get("method"),
@@ -299,6 +299,9 @@ def arm_keys(phase: str, arm_name: str, rep: int | None, spec: dict | None = Non
         "draft_tensor_parallel_size": _int(spec.get("draft_tensor_parallel_size")),
         "rep": rep,
     }
+    if implied.get("engine"):  # a study of several engine builds: the build is a column (none for one engine)
+        keys["engine"] = implied["engine"]
+    return keys
 
 
 def confound_fields(confounds: dict | None, cache_config: dict | None = None) -> dict:

@@ -12,6 +12,10 @@ settings — ``speculative_config`` keys (:data:`SPECULATIVE_OVERRIDES`), server
 named ``<arm>+<variant>`` (``draft-k3-tp1+eager-draft``). Variants are deployed only where they are named
 (``extensions.arms``), never by the factorial's screening; :func:`override_problems` checks their settings.
 
+In a study of several engine builds (``engines`` in the study config) every arm, the baseline included, is
+named with its build after ``@``: ``draft-k3-tp1@v026``, ``baseline@v023`` (:func:`engine_of`,
+:func:`baseline_of`); with one engine names carry no ``@``.
+
 Which of them an engine build serves is a recorded engine fact (:mod:`specstudy.study.engine_methods`,
 docs/methods.md), not a property of the name.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import re
 
 from specstudy.core import methods as _methods
-from specstudy.core.methods import VARIANT_PATTERN  # noqa: F401  (re-exported: the variant name)
+from specstudy.core.methods import ENGINE_PATTERN, VARIANT_PATTERN  # noqa: F401  (re-exported)
 
 
 def __getattr__(name: str):
@@ -54,33 +58,36 @@ _UPSTREAM_RE = re.compile(r"(?:^|[-/])(baseline|draft-n(\d+)-tp(\d+)|ngram-n(\d+
 def arm_name(spec: dict) -> str:
     """The name of an arm spec (``baseline``, ``draft-k3-tp1``, ``ngram-k3``, ``suffix-k8``, ...).
 
-    A spec with ``variant`` is named ``<arm>+<variant>``. Raises :class:`ValueError` for a method that is not
-    registered (the message names the nearest registered one).
+    A spec with ``variant`` is named ``<arm>+<variant>``, one with ``engine`` (a study of several engine
+    builds) ``<arm>@<engine>`` (``draft-k3-tp1+eager-draft@v026``). Raises :class:`ValueError` for a method
+    that is not registered (the message names the nearest registered one).
     """
     try:
         base = _methods.name_of(spec)
     except KeyError as exc:
         raise ValueError(f"arm {spec!r}: {exc.args[0]}") from None
-    return f"{base}+{spec['variant']}" if spec.get("variant") else base
+    name = f"{base}+{spec['variant']}" if spec.get("variant") else base
+    return f"{name}@{spec['engine']}" if spec.get("engine") else name
 
 
 def parse_arm(name: str) -> dict:
     """The spec fields an arm name fixes: ``name``, ``method`` and, where the method has them,
     ``num_speculative_tokens`` and ``draft_tensor_parallel_size``; ``variant`` for a variant's name (its
-    settings are the study config's, not the name's).
+    settings are the study config's, not the name's); ``engine`` for an arm of one of several engine builds.
 
     Raises :class:`ValueError` for a string that is not an arm name (naming the nearest registered method
     where it looks like an arm of an unregistered one).
     """
-    fields = _methods.fields_of(name.split("+", 1)[0]) if _methods.arm_re().match(name or "") else None
+    fields = _methods.fields_of(name.split("@", 1)[0].split("+", 1)[0]) if _methods.arm_re().match(name or "") else None
     if fields is None:
         unknown = _methods.method_of_unknown_arm(name)
         near = _methods.nearest(unknown) if unknown else None
         hint = f"; {unknown!r} is not a registered method" + (f" (did you mean {near!r}?)" if near else "") if unknown else ""
         raise ValueError(f"{name!r} is not an arm name (baseline, draft-k<N>-tp<N> or <method>-k<N> with <method> "
                          f"one of {', '.join(m.name for m in _methods.registered() if m.levels == (_methods.K,))}){hint}")
-    variant = name.split("+", 1)[1] if "+" in name else None
-    return {"name": name, **fields, **({"variant": variant} if variant else {})}
+    arm, _, engine = name.partition("@")
+    variant = arm.split("+", 1)[1] if "+" in arm else None
+    return {"name": name, **fields, **({"variant": variant} if variant else {}), **({"engine": engine} if engine else {})}
 
 
 def is_arm_name(name: object) -> bool:
@@ -158,3 +165,27 @@ def override_problems(where: str, method: str | None, speculative_config, extra_
     if method_decl is not None:  # what the engine refuses with this method (core.methods: Forbidden)
         out.extend(method_decl.forbidden_problems(where, spec, args))
     return out
+
+
+# ------------------------------------------------------------------------------------------ engine builds
+#: A baseline arm of any engine build (the drift deployments' wildcard constraint).
+BASELINE_PATTERN = r"baseline(?:@" + ENGINE_PATTERN + r")?"
+
+
+def engine_of(name: str) -> str | None:
+    """The engine build an arm name names (``draft-k3-tp1@v026`` -> ``v026``); None for a study of one engine."""
+    return parse_arm(name).get("engine")
+
+
+def baseline_of(name: str) -> str:
+    """The baseline an arm is compared with: the baseline of its own engine build (``draft-k3-tp1@v026`` ->
+    ``baseline@v026``; ``draft-k3-tp1`` -> ``baseline``)."""
+    return arm_name({"method": "baseline", "engine": engine_of(name)})
+
+
+def is_baseline(name: object) -> bool:
+    """Whether ``name`` is a baseline arm (of any engine build; a baseline variant is not)."""
+    if not is_arm_name(name):
+        return False
+    spec = parse_arm(name)
+    return spec["method"] == "baseline" and "variant" not in spec

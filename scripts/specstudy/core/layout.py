@@ -91,7 +91,7 @@ CONC_PATTERN = r"[0-9]+"
 CORPUS_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 VERSION_PATTERN = r"[A-Za-z0-9._-]+"
 #: an arm name, a mechanics label or a deployment id: one path segment (the arm names themselves: core.arms)
-SEGMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.+-]*"
+SEGMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.+@-]*"
 
 #: field -> (regex, how the field is spelt, for messages)
 FIELDS: dict[str, tuple[str, str]] = {

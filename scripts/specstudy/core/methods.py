@@ -36,6 +36,8 @@ BASELINE = "baseline"
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 #: A variant's own name (the part after ``+`` in ``<arm>+<variant>``).
 VARIANT_PATTERN = r"[a-z0-9][a-z0-9_-]*"
+#: An engine build's name (the part after ``@`` of an arm of a study of several builds; a key of ``engines``).
+ENGINE_PATTERN = r"[a-z][a-z0-9_]*"
 
 
 @dataclass(frozen=True)
@@ -296,7 +298,7 @@ def read_confounds(method: str, parsed: dict) -> dict:
 
 # --------------------------------------------------------------------------------------------- arm names
 def arm_pattern() -> str:
-    """The arm-name alternatives (variants included), usable as a Snakemake wildcard constraint: methods
+    """The arm-name alternatives (variants and engine builds included), usable as a Snakemake wildcard constraint: methods
     with the same levels share one alternative, ``(?:a|b)-k[0-9]+``."""
     if "pattern" not in _DERIVED:
         groups: dict[tuple[str, ...], list[str]] = {}
@@ -306,7 +308,8 @@ def arm_pattern() -> str:
         for letters, prefixes in groups.items():
             tail = "".join(f"-{letter}[0-9]+" for letter in letters)
             alts.append((prefixes[0] if len(prefixes) == 1 else f"(?:{'|'.join(prefixes)})") + tail)
-        _DERIVED["pattern"] = "(?:" + "|".join(alts) + r")(?:\+" + VARIANT_PATTERN + r")?"
+        _DERIVED["pattern"] = ("(?:" + "|".join(alts) + r")(?:\+" + VARIANT_PATTERN + r")?(?:@" + ENGINE_PATTERN
+                               + r")?")
     return _DERIVED["pattern"]  # type: ignore[return-value]
 
 
@@ -347,7 +350,7 @@ def fields_of(base: str) -> dict | None:
 def method_of_unknown_arm(name: str) -> str | None:
     """For a string shaped like an arm of a method that is not registered (``dsprak-k7``), that method's
     name; None otherwise."""
-    hit = re.match(r"^([a-z][a-z0-9_]*)-k[0-9]+(?:-tp[0-9]+)?(?:\+.*)?$", name or "")
+    hit = re.match(r"^([a-z][a-z0-9_]*)-k[0-9]+(?:-tp[0-9]+)?(?:\+[^@]*)?(?:@.*)?$", name or "")
     if hit and hit[1] not in _REGISTRY and not any(m.arm_prefix == hit[1] for m in _REGISTRY.values()):
         return hit[1]
     return None

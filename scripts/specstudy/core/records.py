@@ -270,6 +270,7 @@ class DeploymentRecord(msgspec.Struct):
     kind: str | None = None
     schema: str | None = None
     extension: Extension | None = None  # an extension phase's artifacts (specstudy.study.phase_decl)
+    engine: Json | None = None  # a study of several engine builds: {name, label, overlay} of the arm's build
 
     @property
     def arm_name(self) -> str | None:

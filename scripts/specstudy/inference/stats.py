@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specstudy.core.arms import baseline_of, engine_of, is_arm_name, is_baseline
 from specstudy.core.stat_util import median
 from specstudy.inference.intervals import describe
 
@@ -122,20 +123,23 @@ def _ratio(a, b):
 
 
 def comparisons(cells, config: dict | None = None) -> list[dict]:
-    """Every (phase, arm, workload, concurrency) against the baseline of the same phase, paired by rep."""
+    """Every (phase, arm, workload, concurrency) against the baseline of the same phase and the same engine
+    build (``draft-k3-tp1@v026`` against ``baseline@v026``: core.arms.baseline_of), paired by rep."""
     s = settings(config)["analysis"]
     # Interleaved drift baselines (kind "drift") are for the drift analysis only, never paired with arms.
     recs = [r for r in _records(cells) if (r.get("kind") or "repeat") != "drift"]
-    base = {(r["phase"], r["workload"], r["concurrency"], r["rep"]): r for r in recs if r.get("arm") == "baseline"}
+    base = {(r["phase"], r["arm"], r["workload"], r["concurrency"], r["rep"]): r for r in recs
+            if is_baseline(r.get("arm"))}
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
-        if r.get("arm") != "baseline":
+        if not is_baseline(r.get("arm")):
             groups.setdefault((r["phase"], r["arm"], r["workload"], r["concurrency"]), []).append(r)
     out = []
     for (phase, arm, workload, conc), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         repeats, excluded = [], []
+        own = baseline_of(arm) if is_arm_name(arm) else "baseline"
         for a in sorted(rows, key=lambda r: r["rep"]):
-            b = base.get((phase, workload, conc, a["rep"]))
+            b = base.get((phase, own, workload, conc, a["rep"]))
             if b is None:
                 excluded.append({"rep": a["rep"], "reason": "no baseline cell with the same rep (unpaired)"})
                 continue
@@ -164,6 +168,8 @@ def comparisons(cells, config: dict | None = None) -> list[dict]:
                 "draft_tensor_parallel_size": _opt_int(first.get("draft_tensor_parallel_size")),
                 "workload": workload, "concurrency": conc, "repeats": repeats, "excluded": excluded,
                 "n_excluded": len(excluded)}
+        if own != "baseline":  # a study of several engine builds: the build the arm and its baseline ran on
+            comp["engine"] = engine_of(arm)
         for m in METRICS:
             comp[m] = describe([r[m] for r in repeats], s["confidence"], s["ci_method"], s["bootstrap_resamples"],
                                s["seed"])
@@ -197,7 +203,7 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
     import numpy as np
 
     s = settings(config)["analysis"]
-    recs = [r for r in _records(cells) if r.get("arm") == "baseline" and _ok(r, "throughput")
+    recs = [r for r in _records(cells) if is_baseline(r.get("arm")) and _ok(r, "throughput")
             and (r.get("output_tokens_per_second") or 0) > 0]
     host = {}
     for d in _records(deployments):
@@ -214,13 +220,16 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
         return out
     series: dict[tuple, list[dict]] = {}
     for r in recs:
-        series.setdefault((r["workload"], r["concurrency"]), []).append(r)
+        series.setdefault((r["arm"], r["workload"], r["concurrency"]), []).append(r)  # arm: one series per build
     times = [r.get("started_unix") for r in recs]
     use_time = all(t is not None for t in times)
     t0 = min(times) if use_time else 0
     pts = []
-    for (w, c), rows in series.items():
+    resid: dict[tuple, list[float]] = {}
+    for key, rows in series.items():
+        _arm, w, c = key
         logs = np.log([r["output_tokens_per_second"] for r in rows])
+        resid[key] = [float(lv - logs.mean()) for lv in logs]
         for r, lv in zip(rows, logs, strict=True):
             x = (r["started_unix"] - t0) / 3600 if use_time else (0 if r["phase"] == "screen" else 1000) + r["rep"]
             pts.append({"x": float(x), "resid": float(lv - logs.mean()), "workload": w, "concurrency": c,
@@ -230,8 +239,7 @@ def drift(cells, deployments=None, comps: list[dict] | None = None, config: dict
     pts = [p for p in pts if p["n_series"] > 1]
     out["points"] = pts
     out["x_unit"] = "hours since first baseline cell" if use_time else "block (rep index; confirm offset 1000)"
-    resid_sd = [np.std([p["resid"] for p in pts if (p["workload"], p["concurrency"]) == k], ddof=1)
-                for k in series if len(series[k]) > 1]
+    resid_sd = [np.std(resid[k], ddof=1) for k in series if len(series[k]) > 1]
     out["baseline_repeat_cv"] = float(np.mean(resid_sd)) if resid_sd else None
     if len(pts) < 3 or len({p["x"] for p in pts}) < 2:
         out["note"] = "baseline repeats do not span time: drift not estimable"
@@ -440,15 +448,13 @@ HYPOTHESIS_EVALUATORS = {"acceptance_not_sufficient": _h1, "workload_contrast": 
 
 
 def memory_costs(deployments) -> dict[str, float]:
-    """Share of the baseline's KV-cache capacity (tokens) each arm loses (median over deployments)."""
+    """Share of its own build's baseline's KV-cache capacity (tokens) each arm loses (median over deployments)."""
     kv: dict[str, list[float]] = {}
     for d in _records(deployments):
         if d.get("kv_cache_tokens") and d.get("status") != "failed":
             kv.setdefault(d["arm"], []).append(d["kv_cache_tokens"])
-    if "baseline" not in kv:
-        return {}
-    b = median(kv["baseline"])
-    return {a: 1 - median(v) / b for a, v in kv.items() if a != "baseline"}
+    own = {a: baseline_of(a) if is_arm_name(a) else "baseline" for a in kv}
+    return {a: 1 - median(v) / median(kv[own[a]]) for a, v in kv.items() if not is_baseline(a) and own[a] in kv}
 
 
 def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, model: dict | None = None) -> list[dict]:
@@ -475,3 +481,62 @@ def hypotheses(comps: list[dict], deployments, declared: list[dict] | None, mode
         params = {**(h.get("params") or {}), **(h.get("roles") or {})}
         out.append(dict(base, **fn(use, deployments, params, models.get(phase))))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine build as a factor
+# ---------------------------------------------------------------------------------------------
+def engine_effects(cells, config: dict | None = None, comps: list[dict] | None = None,
+                   builds: list[str] | None = None) -> list[dict]:
+    """What the engine build does, separated from what speculation gains (docs/engines.md), per phase,
+    speculative arm (its settings, without the build), workload and concurrency, for the reference build A
+    (the first of ``builds``: the config's order; else the first by name) against every other build B. Each a
+    :func:`~specstudy.inference.intervals.describe` of per-rep ratios, paired by rep (the same round):
+
+    - ``engine``: baseline on B ÷ baseline on A (output tokens/s): the build's own effect;
+    - ``speedup_a`` / ``speedup_b``: the arm's speedup on each build, over that build's baseline;
+    - ``difference``: ``speedup_b`` ÷ ``speedup_a`` (above 1: speculation gains more on B).
+
+    Empty for a study of one engine."""
+    s = settings(config)["analysis"]
+    recs = [r for r in _records(cells) if (r.get("kind") or "repeat") != "drift" and is_arm_name(r.get("arm"))]
+    present = sorted({engine_of(r["arm"]) for r in recs} - {None})
+    order = [b for b in (builds or []) if b in present] + [b for b in present if b not in (builds or [])]
+    if len(order) < 2:
+        return []
+    ref = order[0]
+    base = {(r["phase"], engine_of(r["arm"]), r["workload"], r["concurrency"], r["rep"]): r
+            for r in recs if is_baseline(r["arm"])}
+    comps = comps if comps is not None else comparisons(cells, config)
+    speedups: dict[tuple, dict] = {}  # (phase, arm without build, build, workload, c) -> {rep: speedup}
+    for c in comps:
+        if c.get("engine"):
+            key = (c["phase"], c["arm"].rsplit("@", 1)[0], c["engine"], c["workload"], c["concurrency"])
+            speedups[key] = {r["rep"]: r["speedup"] for r in c["repeats"] if r.get("speedup") is not None}
+
+    def desc(values: list) -> dict:
+        return describe(values, s["confidence"], s["ci_method"], s["bootstrap_resamples"], s["seed"])
+
+    def engine_ratios(phase, build, workload, conc) -> dict:
+        out = {}
+        for (ph, b, w, c, rep), row in base.items():
+            other = base.get((ph, build, w, c, rep))
+            if (ph, b, w, c) == (phase, ref, workload, conc) and other is not None \
+                    and _ok(row, "throughput") and _ok(other, "throughput"):
+                ratio = _ratio(other.get("output_tokens_per_second"), row.get("output_tokens_per_second"))
+                if ratio is not None:
+                    out[rep] = ratio
+        return out
+
+    rows = []
+    for (phase, arm, build, workload, conc), on_b in sorted(speedups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if build == ref or (phase, arm, ref, workload, conc) not in speedups:
+            continue
+        on_a = speedups[(phase, arm, ref, workload, conc)]
+        eng = engine_ratios(phase, build, workload, conc)
+        both = sorted(set(on_a) & set(on_b))
+        rows.append({"phase": phase, "arm": arm, "workload": workload, "concurrency": conc, "reference": ref,
+                     "build": build, "engine": desc(list(eng.values())), "speedup_a": desc(list(on_a.values())),
+                     "speedup_b": desc(list(on_b.values())),
+                     "difference": desc([on_b[r] / on_a[r] for r in both])})
+    return rows

@@ -321,7 +321,9 @@ def _record_base(job: _Job) -> dict:
             "arm": arm, "rep": layout.rep_number(job.spec["rep"]), "rep_label": job.spec["rep"], "kind": job.spec["kind"],
             "tensor_parallel_size": {"target": int(job.eng.get("tensor_parallel_size") or 1),
                                      "draft": arm.get("draft_tensor_parallel_size") if arm["method"] == "draft_model"
-                                     else None}}
+                                     else None},
+            # a study of several engine builds: which build, its label and its overlay of the engine section
+            **({"engine": job.spec["engine_build"]} if job.spec.get("engine_build") else {})}
 
 
 def _publish_without_server(job: _Job) -> int:

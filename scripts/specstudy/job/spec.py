@@ -13,6 +13,7 @@ from pathlib import Path
 from specstudy.core import atomic, methods
 from specstudy.core.records import Plan, to_record
 from specstudy.deployment import provenance
+from specstudy.study.config import engine_builds, engine_label
 
 
 def is_loopback(host: str) -> bool:
@@ -191,8 +192,16 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     dirs = corpus_dirs(cfg)
     # Before any server starts: every chat-template switch is one the target's template reads (docs/thinking.md).
     check_workload_options(cfg, "the study config (workload_options)", require_template=True)
-    common = {"arm": arms[arm_name], "smoke_corpus_dir": dirs["smoke"], "engine": cfg["engine"],
+    build = arms[arm_name].get("engine")  # a study of several engine builds: the arm's own
+    builds = engine_builds(cfg)
+    if build not in builds:
+        raise UserError(f"--deployment {key!r}: the arm names engine build {build!r}, which the study config does "
+                        f"not declare (engines: {', '.join(str(b) for b in builds)}); plan again from this config")
+    common = {"arm": arms[arm_name], "smoke_corpus_dir": dirs["smoke"], "engine": builds[build],
               "cell_settings": cfg["cells"], "study": cfg["study"]["name"], "seed": cfg["study"]["seed"]}
+    if build:
+        common["engine_build"] = {"name": build, "label": engine_label(cfg, build),
+                                  "overlay": cfg["engines"][build]}
     if cfg.get("workload_options"):
         common["workload_options"] = cfg["workload_options"]
     if phase == "capacity":
@@ -218,7 +227,7 @@ def deployment_spec(plan: Plan | dict, key: str, cfg: dict) -> dict:
     spec.update(registry.get(phase).spec_extras(design, dirs))
     if design.get("extra_args") or design.get("env"):
         # phase-only server settings: flags added; env values replace the study's, null removes one
-        engine = dict(cfg["engine"])
+        engine = dict(builds[build])
         server = engine["server"] = dict(engine.get("server") or {})
         server["extra_args"] = list(server.get("extra_args") or []) + list(design.get("extra_args") or [])
         env = dict(server.get("env") or {})

@@ -40,6 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specstudy.core.arms import baseline_of, is_arm_name, is_baseline
 from specstudy.core.stat_util import median
 
 SOURCES = ("profile", "mechanics", "memory-bound")
@@ -73,6 +74,11 @@ def _valid(c: dict, phase: str) -> bool:
             and c.get("tpot_p50_ms") is not None)
 
 
+def _own(arm: str) -> str:
+    """The baseline an arm is set against: its own engine build's (``baseline`` in a study of one engine)."""
+    return baseline_of(arm) if is_arm_name(arm) else "baseline"
+
+
 def draft_size_ratios(deployments: list[dict]) -> dict[str, float | None]:
     """Per arm: the draft's weights ÷ the target's, from the launch logs' "Model loading took X GiB" (a draft
     arm loads target + draft, the baseline the target only); 0 for methods without a draft model."""
@@ -84,14 +90,14 @@ def draft_size_ratios(deployments: list[dict]) -> dict[str, float | None]:
         methods[d["arm"]] = d.get("method")
         if d.get("model_loading_gib") is not None:
             loading.setdefault(d["arm"], []).append(float(d["model_loading_gib"]))
-    base = median(loading.get("baseline", []))
     out: dict[str, float | None] = {}
     for arm, method in methods.items():
-        if arm == "baseline":
+        if is_baseline(arm):
             continue
         if method != "draft_model":
             out[arm] = 0.0
             continue
+        base = median(loading.get(_own(arm), []))  # the baseline of the arm's own engine build
         mine = median(loading.get(arm, []))
         out[arm] = (mine - base) / base if (mine is not None and base) else None
     return out
@@ -143,16 +149,16 @@ def cost_model(cells: list[dict], deployments: list[dict] | None = None, *, phas
     med = _cell_medians(cells, phase)
     ratios = draft_size_ratios(deployments or [])
     shares, mech = _profile_shares(profile), _mechanics_verify(mechanics)
-    base_step = {}  # concurrency → T_b pooled over workloads
-    for c in sorted({c for (arm, _w, c) in med if arm == "baseline"}):
-        base_step[c] = median(m["tpot_ms"] for (arm, _w, cc), m in med.items() if arm == "baseline" and cc == c)
+    base_step = {}  # (baseline arm, concurrency) → T_b pooled over workloads (one baseline per engine build)
+    for b, c in sorted({(arm, c) for (arm, _w, c) in med if is_baseline(arm)}):
+        base_step[(b, c)] = median(m["tpot_ms"] for (arm, _w, cc), m in med.items() if arm == b and cc == c)
     steps, predictions = [], []
-    arms = sorted({arm for (arm, _w, _c) in med if arm != "baseline"})
+    arms = sorted({arm for (arm, _w, _c) in med if not is_baseline(arm)})
     for arm in arms:
         for c in sorted({cc for (a, _w, cc) in med if a == arm}):
             ms = [m for (a, _w, cc), m in med.items() if a == arm and cc == c]
             k, method = ms[0]["k"], ms[0]["method"]
-            t_b, t_s = base_step.get(c), median(m["step_ms"] for m in ms)
+            t_b, t_s = base_step.get((_own(arm), c)), median(m["step_ms"] for m in ms)
             if t_b is None or t_s is None or not k:
                 continue
             k = int(k)
@@ -181,7 +187,7 @@ def cost_model(cells: list[dict], deployments: list[dict] | None = None, *, phas
             for (a, w, cc), m in sorted(med.items()):
                 if a != arm or cc != c or m["length"] is None:
                     continue
-                b = med.get(("baseline", w, c)) or {}
+                b = med.get((_own(arm), w, c)) or {}
                 predictions.append({
                     "arm": arm, "workload": w, "concurrency": c, "n": m["n"], "length": m["length"],
                     "alpha": m["alpha"], "predicted_speedup": m["length"] * t_b / t_s,

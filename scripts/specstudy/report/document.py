@@ -25,6 +25,7 @@ from specstudy.report.blocks import Block, label_blocks, render_html, render_mar
 from specstudy.report.files import ReportFiles, knee_arms, records_by_phase, rounds_in_order
 from specstudy.report.sections.candidates import candidates_section, memory_rows
 from specstudy.report.sections.capacity import capacity_section
+from specstudy.report.sections.engines import engines_section
 from specstudy.report.sections.extensions import extension_sections
 from specstudy.report.sections.gpu import gpu_section
 from specstudy.report.sections.inputs import corpus_section, heldout_section, selection_check, selection_section
@@ -112,6 +113,8 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
     B.append(("ul", missing or ["nothing: all inputs present"]))
     cov = coverage(comps)  # one coverage simulation: judged beside the results' intervals, shown in the method
     results_tables(B, comps, s, cells, cov)
+    engines = stats.engine_effects(t["cells"], config, comps, list(config.get("engines") or {}))
+    engines_section(B, engines, {k: v.get("label") for k, v in (config.get("engines") or {}).items()}, s)
     plots_section(B, plots, rec, comps, cells, mem_rows, t["requests"], dr)
     candidates_section(B, rec, comps, gates, deps, mem, mem_rows)
     selection_section(B, sel)
@@ -143,6 +146,6 @@ def build(files: ReportFiles, config: dict | None, out: str | Path) -> dict:
                "model_launch": launch,
                "model": model, "comparisons": comps, "memory_costs": mem, "duty_cycle": duty_rows,
                "fixture_heldout": heldout, "energy": energy, "interactivity": interactivity,
-               "cost_model": cost}
+               "cost_model": cost, **({"engine_builds": engines} if engines else {})}
     atomic.write_json(out / "recommendation.json", summary)
     return summary

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specstudy.core.arms import baseline_of, is_arm_name, is_baseline
 from specstudy.core.stat_util import median
 from specstudy.study.phase_decl import CORE_PHASES
 
@@ -48,13 +49,14 @@ def energy_rows(cells: list[dict]) -> list[dict]:
         vals = [c.get("energy_j_per_output_token") for c in cs if c.get("energy_j_per_output_token") is not None]
         if not vals:
             continue
-        base = [c.get("energy_j_per_output_token") for c in groups.get((phase, workload, conc, "baseline"), [])]
+        own = baseline_of(arm) if is_arm_name(arm) else "baseline"  # the baseline of the arm's own engine build
+        base = [c.get("energy_j_per_output_token") for c in groups.get((phase, workload, conc, own), [])]
         med, bmed = median(vals), median(base)
         rows.append({"phase": phase, "workload": workload, "concurrency": conc, "arm": arm, "n": len(vals),
                      "j_per_token": med, "energy_j": median([c.get("gpu_energy_j") for c in cs]),
                      "power_w": median([c["gpu_energy_j"] / c["gpu_energy_window_s"] for c in cs
                                          if c.get("gpu_energy_j") is not None and c.get("gpu_energy_window_s")]),
-                     "ratio_to_baseline": (med / bmed) if (arm != "baseline" and bmed) else None})
+                     "ratio_to_baseline": (med / bmed) if (not is_baseline(arm) and bmed) else None})
     return rows
 
 

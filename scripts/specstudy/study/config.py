@@ -15,7 +15,8 @@ from specstudy.core.errors import ConfigError, UserError
 from specstudy.study.engine_methods import methods_record_path
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
-           "prereg_path", "request_counts", "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT"]
+           "prereg_path", "request_counts", "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT", "engine_builds",
+           "engine_label", "engine_names"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,10 +73,20 @@ def _variant_problems(cfg: dict) -> list[str]:
             problems.append(f"field '{where}.of': {v['of']!r} is not an arm of this study's factorial "
                             f"(arms.methods x num_speculative_tokens x draft_tensor_parallel_size); name one of them")
             continue
-        refused = engine_refusal(cfg, base["method"])
+        if base.get("engine") not in engine_names(cfg):
+            builds = [n for n in engine_names(cfg) if n]
+            problems.append(f"field '{where}.of': {v['of']!r} " + (
+                f"names no engine build of this study; name the arm with its build, e.g. {v['of'].split('@')[0]}@"
+                f"{builds[0]} (builds: {', '.join(builds)})" if builds else
+                "names an engine build, but this study declares no engines; remove the '@...'"))
+            continue
+        build = {"engine": engine_builds(cfg)[base.get("engine")]}  # a missing record is its own check's
+        path = methods_record_path(build)
+        refused = engine_refusal(build, base["method"]) if path is not None and path.is_file() else None
         if refused:
-            problems.append(f"field '{where}.of': {v['of']!r} is an arm of method {base['method']}, which the declared "
-                            f"engine cannot serve: {refused}; vary a servable arm, or probe an engine that serves it")
+            who = f"engine build {base['engine']}" if base.get("engine") else "the declared engine"
+            problems.append(f"field '{where}.of': {v['of']!r} is an arm of method {base['method']}, which {who} "
+                            f"cannot serve: {refused}; vary a servable arm, or probe an engine that serves it")
             continue
         name = arm_name({**parse_arm(v["of"]), "variant": v["name"]})
         if name in seen:
@@ -86,6 +97,124 @@ def _variant_problems(cfg: dict) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------------------------------ engine builds
+def _overlay(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` laid on it: mappings merged key by key (so ``server.env`` gains a variable),
+    every other value replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _overlay(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def engine_names(cfg: dict) -> list[str | None]:
+    """The engine builds the arms are crossed with: the keys of ``engines``, or ``[None]`` for a study of
+    one engine (its arm names carry no ``@``)."""
+    return list(cfg.get("engines") or {}) or [None]
+
+
+def engine_builds(cfg: dict) -> dict[str | None, dict]:
+    """Every engine build's whole ``engine`` section: ``engine`` with the build's overlay (``engines.<name>``,
+    less its label) laid on it; ``{None: engine}`` for a study of one engine."""
+    engines = cfg.get("engines") or {}
+    if not engines:
+        return {None: cfg["engine"]}
+    return {name: _overlay(cfg["engine"], {k: v for k, v in over.items() if k != "label"})
+            for name, over in engines.items()}
+
+
+def engine_label(cfg: dict, name: str | None) -> str | None:
+    """How the report names a build (``engines.<name>.label``); None for a study of one engine."""
+    return ((cfg.get("engines") or {}).get(name) or {}).get("label") if name else None
+
+
+def _engine_problems(cfg: dict, source: str) -> list[str]:
+    """A study of several engine builds: each has its own probe record, all share the tokenizer and the chat
+    template (their outputs are compared), and none is asked for async scheduling with a method its record
+    says it refuses it for."""
+    problems: list[str] = []
+    builds = engine_builds(cfg)
+    if None in builds:
+        return problems
+    for name, engine in builds.items():
+        if not cfg["engines"][name].get("methods_record"):  # its own: the engine section's is another build's
+            problems.append(f"field 'engines.{name}.methods_record': every engine build needs its own probe record "
+                            f"(what this build serves; engine.methods_record is not inherited); run `specstudy engine probe-methods` on this build (its "
+                            f"python, server.env or container) and set the field to the file it writes")
+        elif not methods_record_path({"engine": engine}).is_file():
+            problems.append(f"field 'engines.{name}.methods_record': {engine['methods_record']} does not exist; write "
+                            f"it with `specstudy engine probe-methods` run on this build, or fix the path")
+    for field in ("tokenizer", "chat_template"):
+        seen = {name: (engine["target"].get(field) or (engine["target"]["path"] if field == "tokenizer" else
+                                                        "(the model's own)")) for name, engine in builds.items()}
+        if len(set(seen.values())) > 1:
+            problems.append(f"field 'engines.*.target.{field}': the engine builds differ ("
+                            + ", ".join(f"{n}: {v}" for n, v in seen.items())
+                            + f"); their outputs would not be comparable; give every build the same {field}")
+    from specstudy.core import methods
+
+    for name in builds:  # what the registry says every engine refuses, in each build's own flags
+        flags = [str(a) for a in (cfg["engines"][name].get("server") or {}).get("extra_args") or []]
+        for m in cfg["arms"]["methods"]:
+            decl = methods.find(m)
+            if decl is not None and flags:
+                problems.extend(decl.forbidden_problems(f"engines.{name}.server", None, flags))
+    problems.extend(_async_problems(cfg, builds))
+    return problems
+
+
+ASYNC_FLAG = "--async-scheduling"
+
+
+def _async_problems(cfg: dict, builds: dict) -> list[str]:
+    """``--async-scheduling`` in a build's server flags (every speculative arm of that build) or in a variant's
+    (that variant's arm), where the build's probe record says it refuses it with that method."""
+    from specstudy.core.arms import is_arm_name, parse_arm
+    from specstudy.study.engine_methods import async_refusal, load_record
+
+    out: list[str] = []
+    speculative = [m for m in cfg["arms"]["methods"] if m != "baseline"]
+    for name, engine in builds.items():
+        path = methods_record_path({"engine": engine})
+        if path is None or not path.is_file():
+            continue
+        record = load_record(path)
+        where = f"engines.{name}.server.extra_args" if name else "engine.server.extra_args"
+        if any(a.split("=", 1)[0] == ASYNC_FLAG for a in (engine.get("server") or {}).get("extra_args") or []):
+            for method in speculative:
+                refused = async_refusal(record, method, engine["methods_record"])
+                if refused:
+                    out.append(f"field '{where}': {ASYNC_FLAG} is asked for every arm of this build, but {refused}; "
+                               f"remove the flag, or declare it as a variant of the methods that accept it")
+        for i, v in enumerate(cfg["arms"].get("variants") or []):
+            if not any(a.split("=", 1)[0] == ASYNC_FLAG for a in v.get("extra_args") or []):
+                continue
+            base = parse_arm(v["of"]) if is_arm_name(v["of"]) else None
+            if base is None or base.get("engine") != name:
+                continue
+            refused = async_refusal(record, base["method"], engine["methods_record"])
+            if refused:
+                out.append(f"field 'arms.variants[{i}].extra_args': {ASYNC_FLAG} on {v['of']}, but {refused}; "
+                           f"remove the flag or vary an arm of a build that accepts it")
+    return out
+
+
+def _refused_by_every_build(cfg: dict, method: str) -> str | None:
+    """The engine's refusal of ``method`` where every engine build's readable record refuses it (one build that
+    may serve it needs the method's settings); None otherwise."""
+    from specstudy.study.engine_methods import engine_refusal
+
+    refusals = []
+    for engine in engine_builds(cfg).values():
+        one = {"engine": engine}
+        path = methods_record_path(one)
+        refusals.append(engine_refusal(one, method) if engine.get("methods_record") and path.is_file() else None)
+    return refusals[0] if all(refusals) else None
+
+
 def _method_problems(cfg: dict, source: str) -> list[str]:
     """``arms.methods`` (and ``arms.unservable[].method``) against the method registry (core.methods): each a
     registered method, with the levels, settings and model directory its registration needs, and nothing the
@@ -93,7 +222,6 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
     skipped, never deployed. (A method the record does not cover is the pre-flight's: the probe that writes
     the record reads this config too.)"""
     from specstudy.core import methods
-    from specstudy.study.engine_methods import engine_refusal
 
     arms, engine = cfg["arms"], cfg["engine"]
     problems: list[str] = []
@@ -108,11 +236,10 @@ def _method_problems(cfg: dict, source: str) -> list[str]:
             problems.append(methods.unknown_method(rule["method"], f"arms.unservable[{i}].method"))
     if problems:
         return problems
-    record = engine.get("methods_record")
     seen_sections: set[str] = set()
     flags = [str(a) for a in (engine.get("server") or {}).get("extra_args") or []]
     for decl in listed:
-        refused = engine_refusal(cfg, decl.name) if record and methods_record_path(cfg).is_file() else None
+        refused = _refused_by_every_build(cfg, decl.name)
         if decl.model and not refused and not (engine.get(decl.model.section) or {}).get("path"):
             problems.append(f"field '{decl.model.field}': required for method {decl.name}; set {decl.model.what} "
                             f"(or remove {decl.name} from arms.methods)")
@@ -229,6 +356,7 @@ def check_config(cfg: dict, source: str = "<config>") -> dict:
         problems.append("field 'arms.num_speculative_tokens': required when a speculative method is listed; e.g. [2, 3, 5, 8]")
     problems.extend(_method_problems(cfg, source))
     problems.extend(_variant_problems(cfg))
+    problems.extend(_engine_problems(cfg, source))
     record = cfg["engine"].get("methods_record")
     if record and not methods_record_path(cfg).is_file():
         problems.append(f"field 'engine.methods_record': {record} does not exist; write it with "
@@ -292,9 +420,9 @@ def load_config(path: str | Path) -> dict:
     return check_config(cfg, str(path))
 
 
-#: The sections of a study config that a deployment job reads (engine, cell settings, corpora, capacity search,
-#: the workloads' chat-template switches).
-DEPLOYMENT_SECTIONS = ("study", "engine", "corpora", "cells", "capacity", "workload_options")
+#: The sections of a study config that a deployment job reads (engine and its builds, cell settings, corpora,
+#: capacity search, the workloads' chat-template switches).
+DEPLOYMENT_SECTIONS = ("study", "engine", "engines", "corpora", "cells", "capacity", "workload_options")
 
 
 def effective_config_files(cfg: dict, root: str = layout.ROOT) -> dict[str, str]:

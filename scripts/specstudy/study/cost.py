@@ -197,9 +197,15 @@ def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = 
         conf_arms = json.loads(sel_path.read_text())["confirmation_arms"]
         conf_note = f"arms from {sel_path}: {', '.join(conf_arms)}"
     else:
-        others = [a["name"] for a in planmod.servable_arms(cfg) if a["name"] != "baseline"]
+        from specstudy.core.arms import is_baseline
+
+        servable = planmod.servable_arms(cfg)
+        baselines = [a["name"] for a in servable if is_baseline(a["name"])]  # one per engine build
+        others = [a for a in servable if not is_baseline(a["name"])]
         k = max(0, int(declared["confirmation_arms"]) - 1)
-        conf_arms = ["baseline"] + others[:k]
+        # in a study of several engine builds: the first k speculative settings, each on every build
+        picked = list(dict.fromkeys(a["name"].split("@")[0] for a in others))[:k]
+        conf_arms = baselines + [a["name"] for a in others if a["name"].split("@")[0] in picked]
         conf_note = (f"selection not made yet: assumed {len(conf_arms)} arms (cost.confirmation_arms, baseline "
                      "included); the real count is known after screening")
     confirm = planmod.make_plan(cfg, "confirm", arms=conf_arms)

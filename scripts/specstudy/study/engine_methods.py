@@ -20,6 +20,11 @@ Record (YAML, ``engine.methods_record`` in the study config)::
     methods:
       ngram_gpu: {servable: false, stage: readiness, message: "RuntimeError: pin_memory=True ...",
                   speculative_config: {...}, seconds: 66.1}
+      ngram: {servable: true, async_scheduling: {accepted: false, message: "ValueError: ..."}}
+
+``async_scheduling`` (optional) says whether the build accepts an explicit ``--async-scheduling`` with the
+method; the study refuses the flag where it says ``accepted: false`` (:func:`async_refusal`). The probe does
+not measure it yet: it is recorded from the engine's own refusal.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ def load_record(path: str | Path) -> dict:
         if not res["servable"] and not (isinstance(res.get("message"), str) and res["message"].strip()):
             raise UserError(f"{path}: field 'methods.{name}.message' must hold the engine's refusal "
                             f"(the method is recorded as not servable)")
+        asy = res.get("async_scheduling")
+        if asy is not None and not (isinstance(asy, dict) and isinstance(asy.get("accepted"), bool)
+                                    and (asy["accepted"] or (isinstance(asy.get("message"), str) and asy["message"].strip()))):
+            raise UserError(f"{path}: field 'methods.{name}.async_scheduling' must be {{accepted: true}} or "
+                            f"{{accepted: false, message: <the engine's refusal>}}")
     return rec
 
 
@@ -111,3 +121,14 @@ def methods_record_path(cfg: dict) -> Path | None:
         return None
     p = Path(record)
     return p if (p.is_absolute() or p.exists()) else REPO_ROOT / p
+
+
+def async_refusal(rec: dict, method: str, path: str | Path) -> str | None:
+    """Why ``--async-scheduling`` cannot be asked for with ``method`` on this build: the record's
+    ``methods.<method>.async_scheduling`` (``{accepted: false, message: <the engine's refusal>}``); None when
+    it is accepted or the record does not say."""
+    res = ((rec.get("methods") or {}).get(method) or {}).get("async_scheduling")
+    if not isinstance(res, dict) or res.get("accepted", True):
+        return None
+    return (f"{engine_label(rec)} refuses --async-scheduling with method {method!r} (record {path}): "
+            f"{(res.get('message') or '').strip()}")

@@ -281,4 +281,8 @@ def arm_names(cfg: dict, confirm_arms: list[str] | None = None) -> list[str]:
         names = list(confirm_arms)
     else:
         names = list(declared_arms)
-    return ["baseline"] + [a for a in dict.fromkeys(names) if a != "baseline"]
+    from specstudy.core.arms import arm_name
+    from specstudy.study.config import engine_names
+
+    baselines = [arm_name({"method": "baseline", "engine": e}) for e in engine_names(cfg)]  # one per engine build
+    return baselines + [a for a in dict.fromkeys(names) if a not in baselines]

@@ -26,27 +26,28 @@ from itertools import product
 from pathlib import Path
 
 from specstudy.core import layout, methods
-from specstudy.core.arms import ARM_PATTERN, VARIANT_SETTINGS, arm_name
+from specstudy.core.arms import ARM_PATTERN, BASELINE_PATTERN, VARIANT_SETTINGS, arm_name, is_baseline
 from specstudy.core.atomic import sha256_file
 from specstudy.study.config import ConfigError, request_counts  # noqa: F401  (request_counts: read from here too)
 from specstudy.study.phase_decl import CORE_PHASES, DECLS, PHASES
 from specstudy.study.prereg import load_prereg, prereg_path
 
 # re-exported: rules/common.smk reads plan.ARM_PATTERN; the phases are declared in specstudy.study.phase_decl
-__all__ = ["ARM_PATTERN", "CORE_PHASES", "PHASES", "arm_name"]
+__all__ = ["ARM_PATTERN", "BASELINE_PATTERN", "CORE_PHASES", "PHASES", "arm_name"]
 
 
-def _engine_refusal(cfg: dict, method: str) -> str | None:
+def _engine_refusal(engine: dict, method: str) -> str | None:
+    """The refusal of ``method`` in the probe record of one engine section (a build's, in a study of several)."""
     from specstudy.study.engine_methods import engine_refusal
 
-    return engine_refusal(cfg, method)
+    return engine_refusal({"engine": engine}, method)
 
 
-def _unservable_reason(cfg: dict, spec: dict) -> str | None:
-    refused = _engine_refusal(cfg, spec["method"])
+def _unservable_reason(cfg: dict, spec: dict, engine: dict) -> str | None:
+    refused = _engine_refusal(engine, spec["method"])
     if refused:
         return refused
-    target_tp = cfg["engine"]["target"]["tensor_parallel_size"]
+    target_tp = engine["target"]["tensor_parallel_size"]
     for rule in cfg["arms"].get("unservable") or []:
         if "method" in rule and rule["method"] != spec["method"]:
             continue
@@ -61,7 +62,10 @@ def _unservable_reason(cfg: dict, spec: dict) -> str | None:
 
 
 def all_arms(cfg: dict) -> list[dict]:
-    """Every arm of the factorial with ``servable`` and, if not, ``skip_reason``."""
+    """Every arm of the factorial with ``servable`` and, if not, ``skip_reason``; in a study of several engine
+    builds every arm once per build (``engine``), each judged servable by its own build's probe record."""
+    from specstudy.study.config import engine_builds
+
     arms_cfg = cfg["arms"]
     specs: list[dict] = []
     for method in arms_cfg["methods"]:
@@ -76,13 +80,15 @@ def all_arms(cfg: dict) -> list[dict]:
         for combo in product(*(arms_cfg[f] for f in fields)):
             specs.append({"method": method, **dict(zip(fields, combo, strict=True)), **settings})
     out = []
-    for spec in specs:
-        spec["name"] = arm_name(spec)
-        reason = _unservable_reason(cfg, spec)
-        spec["servable"] = reason is None
-        if reason:
-            spec["skip_reason"] = reason
-        out.append(spec)
+    for build, engine in engine_builds(cfg).items():
+        for base in specs:
+            spec = dict(base, engine=build) if build else dict(base)
+            spec["name"] = arm_name(spec)
+            reason = _unservable_reason(cfg, spec, engine)
+            spec["servable"] = reason is None
+            if reason:
+                spec["skip_reason"] = reason
+            out.append(spec)
     return out
 
 
@@ -180,7 +186,7 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     cap = int(design.get("max_repeats", max(initial, base_reps)))
 
     def add_round(r: int) -> None:
-        order = [n for n in names if r <= (base_reps if n == "baseline" else initial) or r > max(initial, base_reps)]
+        order = [n for n in names if r <= (base_reps if is_baseline(n) else initial) or r > max(initial, base_reps)]
         _rng(seed, phase, "round", r).shuffle(order)
         block = (r - 1) % blocks + 1
         for name in order:
@@ -191,11 +197,14 @@ def make_plan(cfg: dict, phase: str = "screen", arms: list[str] | None = None, p
     for r in range(1, max(initial, base_reps) + 1):
         add_round(r)
     drift_counter = 0
+    baselines = [n for n in names if is_baseline(n)]  # one per engine build
     for block in range(1, blocks + 1):
-        for _ in range(drift_n if "baseline" in names else 0):
-            drift_counter += 1
-            by_block[block].append({"phase": phase, "arm": "baseline", "rep": layout.drift_label(drift_counter), "kind": "drift",
-                                    "round": None, "block": block, "adaptive": False, "cells": [dict(drift)]})
+        for _ in range(drift_n):
+            for base in baselines:
+                drift_counter += 1
+                by_block[block].append({"phase": phase, "arm": base, "rep": layout.drift_label(drift_counter),
+                                        "kind": "drift", "round": None, "block": block, "adaptive": False,
+                                        "cells": [dict(drift)]})
     # Adaptive rounds come after the drift baselines so that nothing always-run waits for a round that may not run.
     for r in range(max(initial, base_reps) + 1, cap + 1):
         add_round(r)

@@ -36,8 +36,15 @@ def _resolve(path: str) -> Path:
 
 def engine_path_problems(cfg: dict) -> list[str]:
     """Files the deployment jobs will open: each missing one as ``field 'engine...': ... ; fix``."""
+    from specstudy.study.config import engine_builds
+
     engine = cfg["engine"]
     problems = []
+    for name, build in engine_builds(cfg).items():  # a study of several engine builds: each build's interpreter
+        python = (cfg.get("engines") or {}).get(name, {}).get("python") if name else None
+        if python and build.get("backend") == "local" and not os.access(python, os.X_OK):
+            problems.append(f"field 'engines.{name}.python': {python} is not an executable file; give this build's "
+                            "Python interpreter (…/bin/python of its vLLM install)")
     python = engine.get("python")
     if python and engine.get("backend") == "local":
         p = Path(python)
@@ -262,17 +269,23 @@ def extension_arm_problems(cfg: dict) -> list[str]:
 def method_probe_problems(cfg: dict, source: str) -> list[str]:
     """A listed method whose servability the engine's declared record must state (its registration names a
     probe entry) but does not: nothing would say whether this engine build serves it."""
+    from specstudy.study.config import engine_builds
     from specstudy.study.engine_methods import load_record, methods_record_path, unprobed
 
-    record = cfg["engine"].get("methods_record")
-    missing = unprobed(cfg, cfg["arms"]["methods"])
-    if not missing:
-        return []
-    probed = list(load_record(methods_record_path(cfg)).get("methods") or {})
-    return [f"field 'arms.methods': method {name} has no entry in the engine's recorded probe {record}, so nothing "
-            f"says whether this engine serves it; probe it (the record is written anew, so name its methods too): "
-            f"`specstudy engine probe-methods --config {source} --methods {' '.join([*probed, *missing])} --out {record}`"
-            for name in missing]
+    out = []
+    for build, engine in engine_builds(cfg).items():  # in a study of several engine builds: each build's record
+        one = {"engine": engine}
+        record = engine.get("methods_record")
+        missing = unprobed(one, cfg["arms"]["methods"])
+        if not missing:
+            continue
+        probed = list(load_record(methods_record_path(one)).get("methods") or {})
+        whose = f"engine build {build}'s" if build else "the engine's"
+        out += [f"field 'arms.methods': method {name} has no entry in {whose} recorded probe {record}, so nothing "
+                f"says whether this engine serves it; probe it (the record is written anew, so name its methods too): "
+                f"`specstudy engine probe-methods --config {source} --methods {' '.join([*probed, *missing])} --out {record}`"
+                for name in missing]
+    return out
 
 
 def check_study(cfg: dict, source: str, *, profile: str | Path | None = None, cpus: bool = True,

@@ -3,6 +3,7 @@ is missing when an input is.
 
 - :mod:`.recommendation` — the decision, its rule, the patch, the rounds and the stability drivers;
 - :mod:`.results` — the results per workload × concurrency and the plots;
+- :mod:`.engines` — several engine builds: each build's own effect and each arm's speedup on each build;
 - :mod:`.candidates` — the correctness gates, each candidate's wins, losses, cost and confounds;
 - :mod:`.inputs` — the selection, the workloads' licences and token lengths, held-out acceptance;
 - :mod:`.validity` — excluded cells, unservable configurations, network effects, drift;

@@ -4,6 +4,7 @@ or loses, its KV and start-up cost, and the confounds of every arm side by side.
 
 from __future__ import annotations
 
+from specstudy.core.arms import baseline_of, is_arm_name, is_baseline
 from specstudy.core.stat_util import median
 from specstudy.report.blocks import fmt
 
@@ -108,11 +109,12 @@ def candidates_section(B, rec, comps, gates, deps, mem, mem_rows):
                         "KV cache tokens", "model runner"], rows))
     pairs = []
     for (ph, arm), v in sorted(conf.items()):
-        b = conf.get((ph, "baseline"))
-        if arm == "baseline" or not b:
+        own = baseline_of(arm) if is_arm_name(arm) else "baseline"  # the baseline of the arm's own engine build
+        b = conf.get((ph, own))
+        if is_baseline(arm) or not b:
             continue
         diffs = [k for k in CONFOUND_COLS if v[k] != b[k]]
-        pairs.append(f"{ph} {arm} vs baseline: differs in {', '.join(diffs) or 'nothing recorded'}")
+        pairs.append(f"{ph} {arm} vs {own}: differs in {', '.join(diffs) or 'nothing recorded'}")
     B.append(("p", "Every comparison against its baseline (a difference here is part of the measured effect, "
                    "not speculation alone):"))
     B.append(("ul", pairs))

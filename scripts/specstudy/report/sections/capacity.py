@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specstudy.core.arms import baseline_of, is_arm_name, is_baseline
 from specstudy.measure.capacity.run import PLOT_FILE
 from specstudy.report.blocks import fmt
 from specstudy.report.plots import plot_caption
@@ -44,10 +45,10 @@ def capacity_section(B, knee_files: dict[str, str], out: Path) -> None:
                      "; ".join(notes) or "–"])
     B.append(("table", ["arm", "knee (req/s)", "step above (req/s)", "status", "soaks: knee, above",
                         "client capacity (req/s)", "KV capacity (tokens)", "notes"], rows))
-    if "baseline" in knees:
-        for arm, k in knees.items():
-            if arm != "baseline":
-                B.append(("p", f"**{arm}**: " + compare_knees(knees["baseline"], k) + "."))
+    for arm, k in knees.items():  # each arm against the baseline of its own engine build
+        own = baseline_of(arm) if is_arm_name(arm) else "baseline"
+        if not is_baseline(arm) and own in knees:
+            B.append(("p", f"**{arm}**: " + compare_knees(knees[own], k) + "."))
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     for arm in knees:

@@ -7,6 +7,7 @@ knees, the scale model's and the fixture's records.
 from __future__ import annotations
 
 from specstudy.core import layout
+from specstudy.core.arms import baseline_of, is_baseline
 from specstudy.study.plan import CORE_PHASES
 
 
@@ -56,7 +57,7 @@ def missing_pieces(files, config: dict, cells: list[dict], gates: list[dict], pr
         missing.append(progress_text(progress))
     judged = {(g["phase"], g["arm"]) for g in gates}
     for ph in present:
-        arms = sorted({c["arm"] for c in cells if c["phase"] == ph and c["arm"] != "baseline"})
+        arms = sorted({c["arm"] for c in cells if c["phase"] == ph and not is_baseline(c["arm"])})
         lacking = [a for a in arms if (ph, a) not in judged]
         if lacking:
             missing.append(f"no {ph} gate verdict for {', '.join(lacking)} "
@@ -70,7 +71,9 @@ def missing_pieces(files, config: dict, cells: list[dict], gates: list[dict], pr
         if files.final_candidate is None:
             missing.append(f"no final candidate ({layout.final_candidate()}): the capacity search has no arm yet")
         knees = {layout.parse("knee", k)["arm"] for k in files.knees}
-        wanted = ["baseline"] + ([final_candidate_arm] if final_candidate_arm else [])
+        first = next(iter(config.get("engines") or {}), None)  # no candidate: the first engine build's baseline
+        wanted = ([baseline_of(final_candidate_arm), final_candidate_arm] if final_candidate_arm else
+                  [f"baseline@{first}" if first else "baseline"])
         lacking = [a for a in wanted if a not in knees]
         if lacking:
             missing.append(f"no capacity knee for {', '.join(lacking)} "

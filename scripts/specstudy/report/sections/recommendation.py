@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from specstudy.core import layout
+from specstudy.core.arms import baseline_of, is_arm_name
 from specstudy.measure.capacity.run import STEPS_FILE
 from specstudy.report.blocks import fmt
 from specstudy.report.files import ReportFiles, knee_arms
@@ -34,13 +35,13 @@ def with_capacity_half(rec: dict, files: ReportFiles, config: dict) -> dict:
         arm = atomic.read_json(fc).get("arm") if fc is not None and Path(fc).exists() else None
     knees = {a: p for a, p in knee_arms(files).items() if Path(p).exists()}
     ev = None
-    if crit and arm and "baseline" in knees and arm in knees:
+    base = baseline_of(arm) if arm and is_arm_name(arm) else "baseline"  # the baseline of the arm's own build
+    if crit and arm and base in knees and arm in knees:
         def steps(a):
             p = Path(knees[a]).parent / STEPS_FILE
             return read_capacity_steps(p) if p.exists() else []
 
-        ev = capacity_criteria.evaluate(crit, read_knee(knees["baseline"]), read_knee(knees[arm]), steps("baseline"),
-                                        steps(arm))
+        ev = capacity_criteria.evaluate(crit, read_knee(knees[base]), read_knee(knees[arm]), steps(base), steps(arm))
     return capacity_criteria.apply(rec, ev, arm, enabled and crit is not None)
 
 
