@@ -136,30 +136,25 @@ def test_extension_arms_may_name_variants_and_misspelt_ones_get_the_nearest(cfg)
     assert "nearest: draft-k3-tp1+eager-draft" in problem and "arms.variants" in problem
 
 
-def _patterns(node, path=""):
-    """Every (json path, pattern) in a schema."""
+def _values(node, key: str, kind: type, path=""):
+    """Every (json path, value) of ``key`` in a schema whose value is a ``kind`` (a pattern's str, an enum's list)."""
     if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "pattern" and isinstance(value, str):
+        for k, value in node.items():
+            if k == key and isinstance(value, kind):
                 yield path, value
             else:
-                yield from _patterns(value, f"{path}/{key}")
+                yield from _values(value, key, kind, f"{path}/{k}")
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _patterns(value, f"{path}/{i}")
+            yield from _values(value, key, kind, f"{path}/{i}")
 
 
-def _enums(node, path=""):
-    """Every (json path, enum) in a schema."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "enum" and isinstance(value, list):
-                yield path, value
-            else:
-                yield from _enums(value, f"{path}/{key}")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _enums(value, f"{path}/{i}")
+def _patterns(node):
+    return _values(node, "pattern", str)
+
+
+def _enums(node):
+    return _values(node, "enum", list)
 
 
 def test_every_schema_spells_arm_names_as_core_arms_does():
