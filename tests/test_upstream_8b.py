@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import data_path
 from specstudy.analysis import upstream, upstream_confirm
@@ -513,12 +514,21 @@ def test_cli_prints_the_comparison(pipeline, capsys, tmp_path):
         upstream_confirm.pipeline_outputs(results / "tables", tmp_path / "nope" / "recommendation.json")
 
 
-def test_the_production_rule_obrien_fleming_looks_and_traffic_mix(pipeline, capsys):
+def test_the_production_rule_obrien_fleming_looks_and_traffic_mix(pipeline, capsys, tmp_path):
     """The Clariden pre-registration's rule (issue 28: non-inferiority at 5 %, any gain, O'Brien-Fleming looks from
     3 to 10 rounds) with its traffic mix over upstream's workload names (open_chat -> chat): at upstream's 3 blocks
     the first look spends almost no alpha, so the noisy c8 cells stay undecided and the capped data set cannot enable."""
     results = pipeline[0]
-    cfg = Path(__file__).resolve().parents[1] / "config" / "clariden-70b.yaml"
+    # The production rule with its first look at round 3, as upstream's 3 blocks give (the Clariden
+    # pre-registration itself now starts with five rounds, so it would not look at three at all)
+    root = Path(__file__).resolve().parents[1]
+    prereg = yaml.safe_load((root / "config" / "preregistration-clariden-70b.yaml").read_text())
+    prereg["confirmation"]["repeats"] = 3
+    (tmp_path / "prereg.yaml").write_text(yaml.safe_dump(prereg))
+    study = yaml.safe_load((root / "config" / "clariden-70b.yaml").read_text())
+    study["study"]["preregistration"] = str(tmp_path / "prereg.yaml")
+    cfg = tmp_path / "clariden-70b.yaml"
+    cfg.write_text(yaml.safe_dump(study))
     assert upstream_confirm.main([str(REPORT), "--tables", str(results / "tables"), "--recommendation",
                                   str(results / "report" / "recommendation.json"), "--depth", "k2=eagle3-k2",
                                   "--config", str(cfg), "--traffic-mix", "chat=0.6,code=0.3,summarization=0.1"]) == 0

@@ -13,6 +13,7 @@ from typing import Any
 from specstudy.core import layout, schemas
 from specstudy.core.errors import ConfigError, UserError
 from specstudy.study.engine_methods import methods_record_path
+from specstudy.study.engines import engine_builds, engine_label, engine_names
 
 __all__ = ["ConfigError", "check_config", "load_config", "effective_config_files", "methods_record_path",
            "prereg_path", "request_counts", "resolved", "DEPLOYMENT_SECTIONS", "REPO_ROOT", "engine_builds",
@@ -98,39 +99,6 @@ def _variant_problems(cfg: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ engine builds
-def _overlay(base: dict, over: dict) -> dict:
-    """``base`` with ``over`` laid on it: mappings merged key by key (so ``server.env`` gains a variable),
-    every other value replaced."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _overlay(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def engine_names(cfg: dict) -> list[str | None]:
-    """The engine builds the arms are crossed with: the keys of ``engines``, or ``[None]`` for a study of
-    one engine (its arm names carry no ``@``)."""
-    return list(cfg.get("engines") or {}) or [None]
-
-
-def engine_builds(cfg: dict) -> dict[str | None, dict]:
-    """Every engine build's whole ``engine`` section: ``engine`` with the build's overlay (``engines.<name>``,
-    less its label) laid on it; ``{None: engine}`` for a study of one engine."""
-    engines = cfg.get("engines") or {}
-    if not engines:
-        return {None: cfg["engine"]}
-    return {name: _overlay(cfg["engine"], {k: v for k, v in over.items() if k != "label"})
-            for name, over in engines.items()}
-
-
-def engine_label(cfg: dict, name: str | None) -> str | None:
-    """How the report names a build (``engines.<name>.label``); None for a study of one engine."""
-    return ((cfg.get("engines") or {}).get(name) or {}).get("label") if name else None
-
-
 def _engine_problems(cfg: dict, source: str) -> list[str]:
     """A study of several engine builds: each has its own probe record, all share the tokenizer and the chat
     template (their outputs are compared), and none is asked for async scheduling with a method its record

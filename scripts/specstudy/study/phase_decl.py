@@ -282,7 +282,7 @@ def arm_names(cfg: dict, confirm_arms: list[str] | None = None) -> list[str]:
     else:
         names = list(declared_arms)
     from specstudy.core.arms import arm_name
-    from specstudy.study.config import engine_names
+    from specstudy.study.engines import engine_names
 
     baselines = [arm_name({"method": "baseline", "engine": e}) for e in engine_names(cfg)]  # one per engine build
     return baselines + [a for a in dict.fromkeys(names) if a not in baselines]
