@@ -41,13 +41,14 @@ class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
 GPM_IDS = {"NVML_GPM_METRIC_SM_UTIL": 2, "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5, "NVML_GPM_METRIC_HMMA_TENSOR_UTIL": 7,
            "NVML_GPM_METRIC_DRAM_BW_UTIL": 10, "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": 60,
            "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": 61}
-#: the fake's GPM value of metric id on device i over the interval ending with its n-th sample: base + i + n
+#: the fake's GPM value of metric id on device i over the interval ending with its n-th sample: base + i + n²
+#: (not linear in n: a mean is not a median)
 GPM_BASE = {2: 50.0, 5: 40.0, 7: 30.0, 10: 20.0, 60: 1000.0, 61: 2000.0}
 
 
 def add_gpm(m: types.ModuleType, *, unsupported: tuple[int, ...] = (), nvlink: bool = True,
             sample_error: Exception | None = None, query_error: Exception | None = None) -> None:
-    """NVML GPM on the fake: samples count per device; metrics are ``GPM_BASE[id] + device + n``.
+    """NVML GPM on the fake: samples count per device; metrics are ``GPM_BASE[id] + device + n**2``.
     ``unsupported``: devices whose nvmlGpmQueryDeviceSupport says no; ``nvlink``: False answers the NVLink
     metrics NVML_ERROR_NOT_SUPPORTED (a one-GPU machine); ``sample_error`` / ``query_error``: raised by
     nvmlGpmSampleGet / nvmlGpmQueryDeviceSupport. ``m.gpm_live``: samples allocated and not yet freed."""
@@ -91,7 +92,7 @@ def add_gpm(m: types.ModuleType, *, unsupported: tuple[int, ...] = (), nvlink: b
             if x.metricId in (60, 61) and not nvlink:
                 x.nvmlReturn = 3
             else:
-                x.nvmlReturn, x.value = 0, GPM_BASE[x.metricId] + s2.dev + s2.n
+                x.nvmlReturn, x.value = 0, GPM_BASE[x.metricId] + s2.dev + s2.n ** 2
         return g
 
     m.nvmlGpmQueryDeviceSupport, m.nvmlGpmSampleAlloc, m.nvmlGpmSampleFree = query, alloc, free
@@ -271,12 +272,13 @@ def test_gpm_supported_values_flow_to_the_summary(fresh, monkeypatch, tmp_path):
     assert "gpu0.sm_activity_pct" not in rows[0]  # one sample: no interval yet
     for n, row in enumerate(rows[1:], start=2):  # the interval ending with sample n
         for i in range(2):
-            assert row[f"gpu{i}.sm_activity_pct"] == 50 + i + n
-            assert row[f"gpu{i}.tensor_activity_pct"] == 40 + i + n  # ANY_TENSOR_UTIL, not HMMA
-            assert row[f"gpu{i}.dram_bw_util_pct"] == 20 + i + n
+            assert row[f"gpu{i}.sm_activity_pct"] == 50 + i + n * n
+            assert row[f"gpu{i}.tensor_activity_pct"] == 40 + i + n * n  # ANY_TENSOR_UTIL, not HMMA
+            assert row[f"gpu{i}.dram_bw_util_pct"] == 20 + i + n * n
             assert f"gpu{i}.nvlink_rx_mib_s" not in row
     s = sampler.summary()
     vals = [r["gpu1.sm_activity_pct"] for r in rows[1:]]
+    assert statistics.median(vals) != sum(vals) / len(vals)
     assert s["gpm"]["gpu1"]["sm_activity_pct"] == {"count": len(vals), "mean": round(sum(vals) / len(vals), 6),
                                                    "p50": statistics.median(vals)}
     assert s["gpm"]["gpu0"]["nvlink_tx_mib_s"] == "unavailable: nvmlGpmMetricsGet: NVML_ERROR_NOT_SUPPORTED"
@@ -295,7 +297,7 @@ def test_gpm_nvlink_and_hmma_fallback(fresh, monkeypatch):
     gpus = telemetry.NvmlGpus(fake)
     gpus.sample()
     vals = gpus.sample()
-    assert (vals["gpu0.tensor_activity_pct"], vals["gpu0.nvlink_rx_mib_s"], vals["gpu0.nvlink_tx_mib_s"]) == (32, 1002, 2002)
+    assert (vals["gpu0.tensor_activity_pct"], vals["gpu0.nvlink_rx_mib_s"], vals["gpu0.nvlink_tx_mib_s"]) == (34, 1004, 2004)
     gpus.close()
     assert fake.gpm_live == set()
 
