@@ -368,6 +368,11 @@ def test_real_nvml_sampler_on_this_gpu(tmp_path):
     assert s["gpu"]["source"] == "nvml" and s["hardware_source"] == "nvml+psutil"
     for name in ("memory_used_mib", "utilization_pct", "sm_clock_mhz", "temperature_c"):
         assert s["series"][f"gpu{i}.{name}"]["count"] >= 3, (name, s)
+    gpm = s["gpm"][f"gpu{i}"]  # Hopper and later: figures (NVLink unavailable on a one-GPU machine); else why not
+    if isinstance(gpm, dict):
+        assert gpm["sm_activity_pct"]["count"] >= 2 and 0 <= gpm["sm_activity_pct"]["mean"] <= 100, gpm
+    else:
+        assert gpm.startswith("unavailable: ") and len(gpm) > len("unavailable: "), gpm
     print(json.dumps({"inventory": inv, "summary": s}, indent=1))
 
 
