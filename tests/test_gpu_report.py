@@ -125,3 +125,19 @@ def test_report_section_with_gpu_and_on_a_cpu_run(tmp_path):
     assert "No GPU telemetry (CPU run): no cell recorded NVML or nvidia-smi series." in md
     assert "No start-up phases recorded" in md
     assert "No GPU telemetry (CPU run)" in (cpu / "report" / "report.html").read_text()
+
+
+def test_gpm_columns_never_average_part_of_the_gpus_and_say_what_is_missing():
+    figures = {n: {"count": 3, "mean": 10.0, "p50": 9.0} for n in telemetry.GPM_SERIES}
+    one_without = {"gpu0": "unavailable: GPM not supported on this GPU (nvmlGpmQueryDeviceSupport)", "gpu1": figures}
+    f = tables.gpm_fields(one_without, ["gpu0", "gpu1"])
+    assert all(f[f"gpu_{n}_{s}"] is None for n in telemetry.GPM_SERIES for s in ("mean", "p50"))  # not gpu1 alone
+    assert f["gpu_gpm_unavailable"] == "all figures: GPM not supported on this GPU (nvmlGpmQueryDeviceSupport) (gpu0)"
+    both = tables.gpm_fields({"gpu0": figures, "gpu1": figures}, ["gpu0", "gpu1"])
+    assert both["gpu_dram_bw_util_pct_mean"] == 10.0 and both["gpu_dram_bw_util_pct_p50"] == 9.0
+    assert both["gpu_gpm_unavailable"] is None
+    assert tables.gpm_fields(None, ["gpu0"])["gpu_gpm_unavailable"] == ("not recorded (a summary written before GPM "
+                                                                        "was sampled)")
+    assert tables.gpm_fields("unavailable: NVML is not usable here (nvidia-smi has no GPM figures)",
+                             ["gpu0"])["gpu_gpm_unavailable"] == "NVML is not usable here (nvidia-smi has no GPM figures)"
+    assert tables.gpm_fields(None, [])["gpu_gpm_unavailable"] is None  # no GPU: nothing to explain
