@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import types
 
+import jsonschema
 import pytest
 
 from conftest import wait_for_rows
@@ -30,6 +32,71 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801
 
 class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
     pass
+
+
+class NVMLError_FunctionNotFound(NVMLError):  # noqa: N801
+    pass
+
+
+GPM_IDS = {"NVML_GPM_METRIC_SM_UTIL": 2, "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5, "NVML_GPM_METRIC_HMMA_TENSOR_UTIL": 7,
+           "NVML_GPM_METRIC_DRAM_BW_UTIL": 10, "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": 60,
+           "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": 61}
+#: the fake's GPM value of metric id on device i over the interval ending with its n-th sample: base + i + n²
+#: (not linear in n: a mean is not a median)
+GPM_BASE = {2: 50.0, 5: 40.0, 7: 30.0, 10: 20.0, 60: 1000.0, 61: 2000.0}
+
+
+def add_gpm(m: types.ModuleType, *, unsupported: tuple[int, ...] = (), nvlink: bool = True,
+            sample_error: Exception | None = None, query_error: Exception | None = None) -> None:
+    """NVML GPM on the fake: samples count per device; metrics are ``GPM_BASE[id] + device + n**2``.
+    ``unsupported``: devices whose nvmlGpmQueryDeviceSupport says no; ``nvlink``: False answers the NVLink
+    metrics NVML_ERROR_NOT_SUPPORTED (a one-GPU machine); ``sample_error`` / ``query_error``: raised by
+    nvmlGpmSampleGet / nvmlGpmQueryDeviceSupport. ``m.gpm_live``: samples allocated and not yet freed."""
+    for name, value in GPM_IDS.items():
+        setattr(m, name, value)
+    m.NVML_GPM_METRICS_GET_VERSION = 1
+    m.gpm_live, m.gpm_taken = set(), {}
+
+    def query(h):
+        if query_error is not None:
+            raise query_error
+        return types.SimpleNamespace(version=1, isSupportedDevice=0 if h in unsupported else 1)
+
+    def alloc():
+        s = types.SimpleNamespace(dev=None, n=None)
+        m.gpm_live.add(id(s))
+        return s
+
+    def free(s):
+        m.gpm_live.remove(id(s))  # a double free raises
+
+    def get(h, s):
+        if sample_error is not None:
+            raise sample_error
+        m.gpm_taken[h] = m.gpm_taken.get(h, 0) + 1
+        s.dev, s.n = h, m.gpm_taken[h]
+        return s
+
+    class MetricsGet:
+        def __init__(self):
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [types.SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(16)]
+
+    def metrics_get(g):
+        s1, s2 = g.sample1, g.sample2
+        assert g.version == 1 and id(s1) in m.gpm_live and id(s2) in m.gpm_live
+        assert s1.dev == s2.dev and s2.n == s1.n + 1, "metrics between one GPU's consecutive samples"
+        for k in range(g.numMetrics):
+            x = g.metrics[k]
+            if x.metricId in (60, 61) and not nvlink:
+                x.nvmlReturn = 3
+            else:
+                x.nvmlReturn, x.value = 0, GPM_BASE[x.metricId] + s2.dev + s2.n ** 2
+        return g
+
+    m.nvmlGpmQueryDeviceSupport, m.nvmlGpmSampleAlloc, m.nvmlGpmSampleFree = query, alloc, free
+    m.nvmlGpmSampleGet, m.nvmlGpmMetricsGet, m.c_nvmlGpmMetricsGet_t = get, metrics_get, MetricsGet
 
 
 def fake_pynvml(devices: int = 4, init_error: Exception | None = None, no_power: tuple[int, ...] = (),
@@ -190,6 +257,99 @@ def test_provenance_hardware_with_and_without_gpus(fresh, monkeypatch):
     schemas.validate(prov, "provenance", "no-GPU hardware")
 
 
+# ------------------------------------------------------------------------------------------ GPM
+GPM_NAMES = ("sm_activity_pct", "tensor_activity_pct", "dram_bw_util_pct", "nvlink_rx_mib_s", "nvlink_tx_mib_s")
+
+
+def test_gpm_supported_values_flow_to_the_summary(fresh, monkeypatch, tmp_path):
+    fake = fake_pynvml(2)
+    add_gpm(fake, nvlink=False)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    out = tmp_path / "telemetry.jsonl"
+    with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=None) as sampler:
+        wait_for_rows(out, 4)
+    rows = atomic.read_jsonl(out)
+    assert "gpu0.sm_activity_pct" not in rows[0]  # one sample: no interval yet
+    for n, row in enumerate(rows[1:], start=2):  # the interval ending with sample n
+        for i in range(2):
+            assert row[f"gpu{i}.sm_activity_pct"] == 50 + i + n * n
+            assert row[f"gpu{i}.tensor_activity_pct"] == 40 + i + n * n  # ANY_TENSOR_UTIL, not HMMA
+            assert row[f"gpu{i}.dram_bw_util_pct"] == 20 + i + n * n
+            assert f"gpu{i}.nvlink_rx_mib_s" not in row
+    s = sampler.summary()
+    vals = [r["gpu1.sm_activity_pct"] for r in rows[1:]]
+    assert statistics.median(vals) != sum(vals) / len(vals)
+    assert s["gpm"]["gpu1"]["sm_activity_pct"] == {"count": len(vals), "mean": round(sum(vals) / len(vals), 6),
+                                                   "p50": statistics.median(vals)}
+    assert s["gpm"]["gpu0"]["nvlink_tx_mib_s"] == "unavailable: nvmlGpmMetricsGet: NVML_ERROR_NOT_SUPPORTED"
+    assert s["errors"]["nvml gpu0.nvlink_rx_mib_s: NVML_ERROR_NOT_SUPPORTED"] == len(rows) - 1
+    assert fake.gpm_live == set()  # every sample freed
+    jsonschema.validate(s, schemas.load_schema("cell-summary")["properties"]["telemetry"])
+    bad = {**s, "gpm": {"gpu0": {"sm_activity_pct": 0.0}}}  # a bare number (a silent zero) is refused
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schemas.load_schema("cell-summary")["properties"]["telemetry"])
+
+
+def test_gpm_nvlink_and_hmma_fallback(fresh, monkeypatch):
+    fake = fake_pynvml(1)
+    add_gpm(fake)
+    del fake.NVML_GPM_METRIC_ANY_TENSOR_UTIL  # an older module: HMMA only
+    gpus = telemetry.NvmlGpus(fake)
+    gpus.sample()
+    vals = gpus.sample()
+    assert (vals["gpu0.tensor_activity_pct"], vals["gpu0.nvlink_rx_mib_s"], vals["gpu0.nvlink_tx_mib_s"]) == (34, 1004, 2004)
+    gpus.close()
+    assert fake.gpm_live == set()
+
+
+@pytest.mark.parametrize("setup, gpu0", [
+    (lambda m: add_gpm(m, unsupported=(0,)), "unavailable: GPM not supported on this GPU (nvmlGpmQueryDeviceSupport)"),
+    (lambda m: add_gpm(m, query_error=NVMLError_FunctionNotFound("Function Not Found")),
+     "unavailable: nvmlGpmQueryDeviceSupport: NVMLError_FunctionNotFound: Function Not Found"),
+    (lambda m: add_gpm(m, sample_error=NVMLError_NotSupported("Not Supported")),
+     "unavailable: nvmlGpmSampleGet: NVMLError_NotSupported: Not Supported"),
+    (lambda m: None, "unavailable: this nvidia-ml-py has no GPM API (nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, "
+                     "nvmlGpmSampleGet, nvmlGpmSampleFree, nvmlGpmMetricsGet, c_nvmlGpmMetricsGet_t)"),
+])
+def test_gpm_unsupported_is_unavailable_with_the_reason(fresh, monkeypatch, setup, gpu0):
+    fake = fake_pynvml(2)
+    setup(fake)
+    gpus = telemetry.NvmlGpus(fake)
+    errors: dict = {}
+    rows = [gpus.sample(errors) for _ in range(3)]
+    gpus.close()
+    assert not any(k.startswith("gpu0.") and k.split(".")[1] in GPM_NAMES for r in rows for k in r)  # never a zero
+    s = telemetry.summarize(rows, errors=errors)
+    gpm = gpus.gpm_summary(s["series"])
+    assert gpm["gpu0"] == gpu0
+    if "unsupported" in gpu0 or "QueryDevice" in gpu0 or "no GPM API" in gpu0:
+        assert errors == {}  # asked once, not an error per sample
+    if "not supported on this GPU" in gpu0:  # device 1 still has GPM
+        assert gpm["gpu1"]["sm_activity_pct"]["count"] == 2
+    assert getattr(fake, "gpm_live", set()) == set()
+
+
+def test_gpm_erroring_gpu_is_unavailable_with_the_reason(fresh, monkeypatch):
+    fake = fake_pynvml(1)
+    add_gpm(fake, sample_error=NVMLError_GpuIsLost("GPU is lost"))
+    gpus = telemetry.NvmlGpus(fake)
+    errors: dict = {}
+    rows = [gpus.sample(errors) for _ in range(3)]
+    gpm = gpus.gpm_summary(telemetry.summarize(rows)["series"])
+    assert gpm["gpu0"] == {n: "unavailable: nvmlGpmSampleGet: NVMLError_GpuIsLost: GPU is lost" for n in GPM_NAMES}
+    assert errors == {"nvml gpu0.gpm: nvmlGpmSampleGet: NVMLError_GpuIsLost": 3}  # transient: asked every time
+
+
+def test_gpm_without_nvml_is_unavailable(fresh, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0))
+    out = tmp_path / "t.jsonl"
+    with telemetry.TelemetrySampler(out, interval_s=0.05, root_pid=None) as sampler:
+        wait_for_rows(out, 1)
+    assert sampler.summary()["gpm"] == ("unavailable: no GPU telemetry (NVML found no GPU (devices: 0, "
+                                        "CUDA_VISIBLE_DEVICES=unset); no usable nvidia-smi): sampling the server's "
+                                        "processes only")
+
+
 # ------------------------------------------------------------------------------------------ real GPU
 @pytest.mark.gpu
 def test_real_nvml_sampler_on_this_gpu(tmp_path):
@@ -208,6 +368,11 @@ def test_real_nvml_sampler_on_this_gpu(tmp_path):
     assert s["gpu"]["source"] == "nvml" and s["hardware_source"] == "nvml+psutil"
     for name in ("memory_used_mib", "utilization_pct", "sm_clock_mhz", "temperature_c"):
         assert s["series"][f"gpu{i}.{name}"]["count"] >= 3, (name, s)
+    gpm = s["gpm"][f"gpu{i}"]  # Hopper and later: figures (NVLink unavailable on a one-GPU machine); else why not
+    if isinstance(gpm, dict):
+        assert gpm["sm_activity_pct"]["count"] >= 2 and 0 <= gpm["sm_activity_pct"]["mean"] <= 100, gpm
+    else:
+        assert gpm.startswith("unavailable: ") and len(gpm) > len("unavailable: "), gpm
     print(json.dumps({"inventory": inv, "summary": s}, indent=1))
 
 

@@ -72,6 +72,7 @@ def test_the_sampler_runs_in_another_process_and_writes_what_the_thread_would(tm
     assert not worker.alive()
     assert s["process"] == "worker" and s["samples"] == len(rows) >= 4  # stop() adds the window's last sample
     assert s["hardware_source"] == "psutil" and s["errors"] == {}
+    assert s["gpm"] == "unavailable: GPU sampling is off"  # the child's summary carries the GPM block too
     # the real page's gauges, parsed in the child exactly as the thread parses them here
     expected = telemetry.parse_vllm_gauges(H200_PAGE.read_text())
     assert {k: rows[0][k] for k in expected} == expected
@@ -94,7 +95,7 @@ def test_a_worker_that_dies_leaves_the_cell_without_telemetry_and_says_why(tmp_p
     assert s["samples"] == 0 and s["process"] == "worker"
     (why,) = s["errors"]
     assert why.startswith("worker: telemetry worker") and ("exited" in why or "ended" in why)
-    assert "no telemetry" in s["gpu"]["note"]
+    assert "no telemetry" in s["gpu"]["note"] and s["gpm"] == "unavailable: the sampler process failed"
 
 
 def test_a_sampler_that_cannot_start_there_is_an_error_reply_not_a_dead_worker(tmp_path):

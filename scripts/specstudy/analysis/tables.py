@@ -54,6 +54,7 @@ from specstudy.core.records import (
 )
 from specstudy.core.timestamps import to_unix
 from specstudy.deployment.launchlog import STARTUP_STEPS
+from specstudy.measure.telemetry import GPM_SERIES
 from specstudy.study.plan import CORE_PHASES
 
 PHASES = CORE_PHASES
@@ -79,7 +80,11 @@ GPU_COLUMNS: list[tuple[str, str]] = [("gpu_telemetry_source", "string"), ("gpu_
     (f"gpu_{name}_{stat}", "float64") for name in GPU_SERIES for stat in ("mean", "max")] + [
     # NVML's total-energy counter over the measurement window, summed over the GPUs, and per output token
     # (null without a GPU counter: a CPU run has none, never zero)
-    ("gpu_energy_j", "float64"), ("gpu_energy_window_s", "float64"), ("energy_j_per_output_token", "float64")]
+    ("gpu_energy_j", "float64"), ("gpu_energy_window_s", "float64"), ("energy_j_per_output_token", "float64")] + [
+    # NVML GPM figures (telemetry.gpm): mean over GPUs of each GPU's mean / p50 over the window; null unless
+    # every GPU of the job has the figure, and then gpu_gpm_unavailable says why
+    (f"gpu_{name}_{stat}", "float64") for name in GPM_SERIES for stat in ("mean", "p50")] + [
+    ("gpu_gpm_unavailable", "string")]
 
 CORE_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "requests": KEY_COLUMNS
@@ -343,6 +348,42 @@ def gpu_fields(telemetry: dict | None) -> dict:
     known = bool(gpus) and all(d is not None for d in deltas)
     out["gpu_energy_j"] = sum(deltas) if known else None
     out["gpu_energy_window_s"] = _num(tel.get("window_s")) if known else None
+    out.update(gpm_fields(tel.get("gpm"), gpus))
+    return out
+
+
+def _unavailable(v: Any) -> str | None:
+    return v.removeprefix("unavailable: ") if isinstance(v, str) else None
+
+
+def gpm_fields(gpm: Any, gpus: list[str]) -> dict:
+    """The cell's GPM figures (``telemetry.gpm``): per figure the mean over the job's GPUs of each GPU's mean and
+    p50 (null unless every GPU has it) and ``gpu_gpm_unavailable``: what is missing where, and why."""
+    out: dict[str, Any] = {f"gpu_{name}_{stat}": None for name in GPM_SERIES for stat in ("mean", "p50")}
+    out["gpu_gpm_unavailable"] = None
+    if not gpus:
+        return out
+    if gpm is None:
+        out["gpu_gpm_unavailable"] = "not recorded (a summary written before GPM was sampled)"
+        return out
+    if not isinstance(gpm, dict):
+        out["gpu_gpm_unavailable"] = _unavailable(gpm) or "not recorded"
+        return out
+    missing: dict[str, list[str]] = {}  # "<what>: <reason>" -> GPUs
+    for g in gpus:
+        if not isinstance(per := gpm.get(g), dict):
+            missing.setdefault(f"all figures: {_unavailable(per) or 'not recorded'}", []).append(g)
+            continue
+        for name in GPM_SERIES:
+            if not isinstance(per.get(name), dict):
+                missing.setdefault(f"{name}: {_unavailable(per.get(name)) or 'not recorded'}", []).append(g)
+    for name in GPM_SERIES:
+        for stat in ("mean", "p50"):
+            vals = [_num(dig(gpm, g, name, stat)) for g in gpus]
+            if all(v is not None for v in vals):
+                out[f"gpu_{name}_{stat}"] = sum(vals) / len(vals)
+    if missing:
+        out["gpu_gpm_unavailable"] = "; ".join(f"{what} ({', '.join(gs)})" for what, gs in sorted(missing.items()))
     return out
 
 

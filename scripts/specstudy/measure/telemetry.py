@@ -19,7 +19,8 @@ and flat series values:
 - the server's processes (always, GPU or not): ``proc.cpu_pct`` (sum over the server's process group,
   100 = one core), ``proc.rss_bytes``, ``proc.count`` and ``host.cpu_pct``.
 
-``summary()`` returns ``{samples, interval_s, window_s, errors, series: {name: {count, mean, max[, delta]}}}``
+``summary()`` returns ``{samples, interval_s, window_s, errors, series: {name: {count, mean, max[, delta][, p50]}},
+gpu, gpm}``
 for the cell summary's ``telemetry`` block (``window_s``: first to last sample; ``stop()`` takes one last
 sample, so the counters' deltas span the whole window). The file is written to a hidden sibling while sampling
 and renamed into place by ``stop()`` (readers never see a half-written file).
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -99,6 +101,23 @@ def parse_nvidia_smi_csv(text: str) -> dict[str, float]:
     return out
 
 
+#: NVML GPM metrics sampled per GPU: series name -> the ``pynvml`` constant names, first one the module defines.
+GPM_SERIES: dict[str, tuple[str, ...]] = {
+    "sm_activity_pct": ("NVML_GPM_METRIC_SM_UTIL",),
+    "tensor_activity_pct": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "NVML_GPM_METRIC_HMMA_TENSOR_UTIL"),
+    "dram_bw_util_pct": ("NVML_GPM_METRIC_DRAM_BW_UTIL",),
+    "nvlink_rx_mib_s": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",),
+    "nvlink_tx_mib_s": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",),
+}
+#: NVML return codes a GPM metric may carry (``nvmlReturn`` of one metric): the names for ``unavailable: ...``.
+_NVML_RETURN = {1: "NVML_ERROR_UNINITIALIZED", 2: "NVML_ERROR_INVALID_ARGUMENT", 3: "NVML_ERROR_NOT_SUPPORTED",
+                4: "NVML_ERROR_NO_PERMISSION", 15: "NVML_ERROR_GPU_IS_LOST", 999: "NVML_ERROR_UNKNOWN"}
+
+
+def _gpm_series(series: str) -> bool:
+    return series.startswith("gpu") and series.rsplit(".", 1)[-1] in GPM_SERIES
+
+
 NVML_SERIES = ("memory_used_mib", "utilization_pct", "memory_utilization_pct", "sm_clock_mhz", "memory_clock_mhz",
                "power_w", "temperature_c")
 _SAID: set[str] = set()
@@ -137,6 +156,10 @@ class NvmlGpus:
         self.error: str | None = None
         self._unsupported: set[tuple[int, str]] = set()
         self._init = False
+        # GPM per GPU: the last sample (None before the first), the metric ids asked for, why not (once known)
+        self._gpm: dict[int, dict] | None = None
+        self.gpm_unavailable: dict[int, str] = {}
+        self.gpm_reasons: dict[tuple[int, str], str] = {}
         if self.nvml is None:
             try:
                 import pynvml  # nvidia-ml-py
@@ -189,8 +212,126 @@ class NvmlGpus:
                 errors[key] = errors.get(key, 0) + 1
             return None
 
+    # -- GPM (GPU performance monitoring: Hopper and later) ------------------------------------
+    def _gpm_setup(self) -> None:
+        """Ask once per GPU whether GPM is supported; note each metric the module does not define."""
+        nv = self.nvml
+        self._gpm = {}
+        api = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmSampleFree",
+               "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t")
+        missing = [name for name in api if getattr(nv, name, None) is None]
+        for i, h in self.handles.items():
+            if missing:
+                self.gpm_unavailable[i] = f"this nvidia-ml-py has no GPM API ({', '.join(missing)})"
+                continue
+            try:
+                supported = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+            except Exception as exc:  # noqa: BLE001 - NVMLError_FunctionNotFound (old driver), ...
+                self.gpm_unavailable[i] = f"nvmlGpmQueryDeviceSupport: {type(exc).__name__}: {exc}"
+                continue
+            if not supported:
+                self.gpm_unavailable[i] = "GPM not supported on this GPU (nvmlGpmQueryDeviceSupport)"
+                continue
+            metrics = {}
+            for series, names in GPM_SERIES.items():
+                ids = [getattr(nv, n) for n in names if getattr(nv, n, None) is not None]
+                if ids:
+                    metrics[series] = int(ids[0])
+                else:
+                    self.gpm_reasons[(i, series)] = f"this nvidia-ml-py defines none of {', '.join(names)}"
+            self._gpm[i] = {"prev": None, "metrics": metrics}
+
+    def _gpm_free(self, sample) -> None:
+        try:
+            self.nvml.nvmlGpmSampleFree(sample)
+        except Exception:  # noqa: BLE001 - nothing to keep
+            pass
+
+    def _gpm_fail(self, i: int, what: str, exc: Exception, errors: dict | None) -> None:
+        name = type(exc).__name__
+        reason = f"{what}: {name}: {exc}"
+        if errors is not None:
+            key = f"nvml gpu{i}.gpm: {what}: {name}"
+            errors[key] = errors.get(key, 0) + 1
+        state = self._gpm.pop(i) if "NotSupported" in name or "NoPermission" in name else self._gpm[i]
+        if state["prev"] is not None:  # the next interval starts afresh
+            self._gpm_free(state["prev"])
+            state["prev"] = None
+        if i in self._gpm:
+            for series in state["metrics"]:
+                self.gpm_reasons.setdefault((i, series), reason)
+        else:
+            self.gpm_unavailable[i] = reason
+
+    def _gpm_sample(self, i: int, h: Any, errors: dict | None) -> dict[str, float]:
+        """Take GPU i's GPM sample; the metrics over the interval since its previous one (none the first time)."""
+        nv, state = self.nvml, self._gpm[i]
+        cur = None
+        try:
+            cur = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(h, cur)
+        except Exception as exc:  # noqa: BLE001
+            if cur is not None:
+                self._gpm_free(cur)
+            self._gpm_fail(i, "nvmlGpmSampleGet", exc, errors)
+            return {}
+        prev, state["prev"] = state["prev"], cur
+        if prev is None or not state["metrics"]:
+            if prev is not None:
+                self._gpm_free(prev)
+            return {}
+        get = nv.c_nvmlGpmMetricsGet_t()
+        get.version = nv.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(state["metrics"])
+        get.sample1, get.sample2 = prev, cur
+        for k, metric in enumerate(state["metrics"].values()):
+            get.metrics[k].metricId = metric
+        try:
+            nv.nvmlGpmMetricsGet(get)
+        except Exception as exc:  # noqa: BLE001
+            self._gpm_fail(i, "nvmlGpmMetricsGet", exc, errors)
+            return {}
+        finally:
+            self._gpm_free(prev)
+        out = {}
+        for k, series in enumerate(state["metrics"]):
+            m = get.metrics[k]
+            ret = int(m.nvmlReturn)
+            if ret != 0:
+                code = _NVML_RETURN.get(ret, f"NVML return {ret}")
+                self.gpm_reasons.setdefault((i, series), f"nvmlGpmMetricsGet: {code}")
+                if errors is not None:
+                    key = f"nvml gpu{i}.{series}: {code}"
+                    errors[key] = errors.get(key, 0) + 1
+                continue
+            out[f"gpu{i}.{series}"] = round(float(m.value), 3)
+        return out
+
+    def gpm_summary(self, series: dict) -> dict:
+        """Per GPU: each GPM figure's ``{count, mean, p50}`` (from ``series``, the summary's) or
+        ``unavailable: <reason>``; a GPU without GPM at all is one ``unavailable: <reason>``."""
+        if self._gpm is None:
+            return {f"gpu{i}": "unavailable: no sample was taken" for i in self.handles}
+        out: dict[str, Any] = {}
+        for i in self.handles:
+            if i in self.gpm_unavailable:
+                out[f"gpu{i}"] = f"unavailable: {self.gpm_unavailable[i]}"
+                continue
+            per = {}
+            for name in GPM_SERIES:
+                s = series.get(f"gpu{i}.{name}")
+                if s:
+                    per[name] = {"count": s["count"], "mean": s["mean"], "p50": s["p50"]}
+                else:
+                    why = self.gpm_reasons.get((i, name), "fewer than two GPM samples in the window")
+                    per[name] = f"unavailable: {why}"
+            out[f"gpu{i}"] = per
+        return out
+
     def sample(self, errors: dict | None = None) -> dict[str, float]:
         nv, out = self.nvml, {}
+        if self._gpm is None:
+            self._gpm_setup()
         sm, mem = getattr(nv, "NVML_CLOCK_SM", 1), getattr(nv, "NVML_CLOCK_MEM", 2)
         temp = getattr(nv, "NVML_TEMPERATURE_GPU", 0)
         for i, h in self.handles.items():
@@ -213,6 +354,8 @@ class NvmlGpus:
                 v = self._field(i, "energy_j", energy, h, errors=errors)
                 if v is not None:
                     out[f"gpu{i}.energy_j"] = round(float(v) * 1e-3, 3)
+            if i in self._gpm:
+                out.update(self._gpm_sample(i, h, errors))
         return out
 
     def inventory(self) -> dict:
@@ -264,6 +407,10 @@ class NvmlGpus:
         return out
 
     def close(self) -> None:
+        for state in (self._gpm or {}).values():
+            if state["prev"] is not None:
+                self._gpm_free(state["prev"])
+                state["prev"] = None
         if self._init:
             try:
                 self.nvml.nvmlShutdown()
@@ -532,7 +679,8 @@ class TelemetrySampler:
         if self.worker is not None:
             out = dict(self._worker_summary) if self._worker_summary is not None else {
                 **summarize([], interval_s=self.interval_s, errors=self._errors),
-                "gpu": {"source": None, "note": "no telemetry: the sampler process failed", "devices": None}}
+                "gpu": {"source": None, "note": "no telemetry: the sampler process failed", "devices": None},
+                "gpm": "unavailable: the sampler process failed"}
             out["errors"] = {**(out.get("errors") or {}), **self._errors}
             out["process"] = "worker"
             return out
@@ -540,6 +688,12 @@ class TelemetrySampler:
         out = summarize(self._rows, interval_s=self.interval_s, errors=self._errors, source=source)
         out["gpu"] = {"source": self.gpu_source, "note": self.gpu_note,
                       "devices": sorted(self._nvml.handles) if self._nvml is not None else None}
+        if self._nvml is not None:
+            out["gpm"] = self._nvml.gpm_summary(out["series"])
+        elif self.gpu_source == "nvidia-smi":
+            out["gpm"] = "unavailable: NVML is not usable here (nvidia-smi has no GPM figures)"
+        else:
+            out["gpm"] = f"unavailable: {self.gpu_note or 'GPU sampling is off'}"
         return out
 
 
@@ -557,6 +711,8 @@ def summarize(rows: list[dict], *, interval_s: float | None = None, errors: dict
         entry = {"count": len(vals), "mean": round(sum(vals) / len(vals), 6), "max": max(vals)}
         if is_counter(k):
             entry["delta"] = round(vals[-1] - vals[0], 6)
+        if _gpm_series(k):
+            entry["p50"] = round(statistics.median(vals), 6)
         out[k] = entry
     stamps = [r["unix"] for r in rows if isinstance(r.get("unix"), int | float)]
     return {"samples": len(rows), "interval_s": interval_s, "hardware_source": source,

@@ -34,6 +34,7 @@ def gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
         B.append(("table", ["phase", "arm", "cells", "source", "GPUs", "memory used MiB (mean)", "memory used MiB (max)",
                             "util % (mean)", "power W (mean)", "power W (max)", "SM clock MHz (mean)",
                             "temperature °C (max)"], rows))
+        _gpm_table(B, gpu_cells)
 
     B.append(("h", 3, "Start-up per deployment"))
     with_startup = [d for d in deps if d.get("startup_total_s") is not None
@@ -75,6 +76,29 @@ def gpu_section(B, cells: list[dict], deps: list[dict]) -> None:
                    "cache_config where scraped); NVML: the most memory any GPU used in any of the arm's cells."))
     B.append(("table", ["arm", "TP", "model loading GiB", "available KV GiB", "KV tokens (log)", "KV tokens (metrics)",
                         "GPU memory used MiB (max)"], rows))
+
+
+#: The GPM figures the report shows: (column of the cells table without ``gpu_`` and the stat, heading, format).
+GPM_SHOWN = (("sm_activity_pct", "SM activity %", "{:.1f}"), ("tensor_activity_pct", "tensor activity %", "{:.1f}"),
+             ("dram_bw_util_pct", "DRAM bandwidth %", "{:.1f}"), ("nvlink_rx_mib_s", "NVLink RX MiB/s", "{:,.0f}"),
+             ("nvlink_tx_mib_s", "NVLink TX MiB/s", "{:,.0f}"))
+
+
+def _gpm_table(B, gpu_cells: list[dict]) -> None:
+    """GPM activity per arm (NVML GPM; docs/metrics.md), and where a figure was unavailable, why."""
+    B.append(("h", 3, "GPU activity (NVML GPM, measurement windows)"))
+    B.append(("p", "Per GPU: each figure's mean (p50) over the window, averaged over the deployment's GPUs, then "
+                   "the median over the arm's cells; – where the GPU does not expose it (reasons below)."))
+    rows = []
+    for (phase, arm), cs in sorted(_group(gpu_cells, ("phase", "arm")).items()):
+        rows.append([phase, arm, len(cs)] + [
+            f"{fmt(median([c.get(f'gpu_{name}_mean') for c in cs]), spec)} "
+            f"({fmt(median([c.get(f'gpu_{name}_p50') for c in cs]), spec)})" for name, _, spec in GPM_SHOWN])
+    B.append(("table", ["phase", "arm", "cells"] + [f"{head} mean (p50)" for _, head, _ in GPM_SHOWN], rows))
+    reasons = sorted({str(c["gpu_gpm_unavailable"]) for c in gpu_cells if c.get("gpu_gpm_unavailable")})
+    if reasons:
+        B.append(("p", "Unavailable: " + "; ".join(reasons[:10]) + (f" … ({len(reasons) - 10} more)"
+                                                                     if len(reasons) > 10 else "") + "."))
 
 
 def _group(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
