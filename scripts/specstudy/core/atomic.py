@@ -209,11 +209,17 @@ class Changed(BadFile):
         self.path, self.recorded, self.now = str(path), recorded, now
         what = "is missing" if now is None else f"was changed after it was written (sha256 {now[:12]}…, recorded " \
                                                 f"{recorded[:12]}… in {sidecar(path).name})"
+        try:
+            rel = os.path.relpath(path)
+        except ValueError:
+            rel = str(path)
+        rel = rel if not rel.startswith("..") else str(path)
         ValueError.__init__(
             self,
             f"{path}: {what}; a result is never edited by hand. Fix: `specstudy check-results --repair` moves it "
-            f"aside (or restores it from the attempt that holds the recorded bytes) and names the rule that "
-            f"writes it again (`snakemake --profile profiles/local {path}`)")
+            f"aside (or restores it from the attempt that holds the recorded bytes) and names the command that "
+            f"writes it again (`specstudy rerun {rel}` for a cell or a deployment record, else "
+            f"`snakemake --profile profiles/local {rel}`)")
 
 
 def read_json(path: str | os.PathLike) -> Any:

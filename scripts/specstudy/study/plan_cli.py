@@ -41,17 +41,26 @@ def _cmd_plan(args) -> int:
     if phase_decl.DECLS[args.phase].extension:
         confirm_arms = None
         if args.arms_from:
-            confirm_arms = [a["name"] for a in atomic.read_json(args.arms_from)["arms"]]
+            src = atomic.read_json(args.arms_from)
+            if not isinstance(src, dict) or src.get("schema") != "specstudy.plan/1" or not isinstance(src.get("arms"), list):
+                from specstudy.core.errors import UserError
+
+                kind = src.get("schema") if isinstance(src, dict) else type(src).__name__
+                raise UserError(f"{args.arms_from}: --arms-from: field 'schema' is {kind!r}, not 'specstudy.plan/1': "
+                                "not a plan; give the confirmation plan, results/plan/confirm.json")
+            confirm_arms = [a["name"] for a in src["arms"]]
         arms = phase_decl.arm_names(cfg, confirm_arms)
     plan = make_plan(cfg, args.phase, arms)
+    from specstudy.core import schemas
+
     plan["corpora"] = {}
     for path in args.corpora or []:
         rec = atomic.read_json(path)
+        schemas.validate(rec, "corpus", path)  # a corpus.json, not any JSON file
         plan["corpora"][str(Path(path).parent)] = {"name": rec.get("name"), "version": rec.get("version"),
                                                    "digest": rec.get("digest")}
     if args.selection:
         plan["selection"] = {"path": args.selection, "sha256": sha256_file(args.selection)}
-    from specstudy.core import schemas
 
     schemas.validate(plan, "plan", args.out)
     atomic.write_json_if_changed(args.out, plan)  # an unchanged plan keeps its bytes and time
