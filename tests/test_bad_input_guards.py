@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from test_bad_input import ROOT, SNAKEMAKE, SPECSTUDY, _env, _small_config, _write_yaml, classify, workflow_copy
 from test_bad_input_table import Row, _cell_summary, _json_file, put, sm, sm_cfg
@@ -111,8 +112,11 @@ def _rerun_no_plan(path: str) -> Callable[[Path], list[str]]:
     return setup
 
 
-def _add_workload(cfg: dict, d: Path) -> None:
-    cfg["corpora"]["workloads"]["summarization"] = str(ROOT / "corpora/embedded/summarization.yaml")
+def _drop_summarization(w: Path) -> list[str]:
+    """The embedded study after its config dropped a workload its pre-registration's hypothesis H2 names."""
+    cfg = yaml.safe_load((w / "config/config.yaml").read_text())
+    del cfg["corpora"]["workloads"]["summarization"]
+    return ["--configfile", str(_write_yaml(w / "bad.yaml", cfg))]
 
 
 GUARD_ROWS: list[Row] = [
@@ -133,11 +137,10 @@ GUARD_ROWS: list[Row] = [
     Row("tables-summary-edited-and-resealed", "results tampering", _resealed_edit,
         ["summary.json", "was changed after it was written", "specstudy check-results --repair"]),
     # ------------------------------------------------------------ the pre-registration against its study
-    Row("prereg-mixture-lacks-study-workload", "pre-registration",
-        lambda d: [*SPECSTUDY, "check-config", str(_write_yaml(d / "study.yaml", (c := _small_config(d)) and
-                                                               (_add_workload(c, d) or c)))],
-        ["preregistration-small.yaml", "traffic.mixture", "'summarization'", "no share"]),
-    Row("sm-prereg-workload-gone-from-study", "pre-registration",
+    Row("sm-prereg-hypothesis-workload-gone", "pre-registration", sm(_drop_summarization),
+        ["config/preregistration.yaml", "hypotheses[1]' (H2).roles.high", "'summarization' is not a workload of this study",
+         "corpora.workloads"]),
+    Row("sm-prereg-mixture-workload-gone", "pre-registration",
         sm_cfg(put("corpora.workloads", {"summarization": "corpora/embedded/summarization.yaml"})),
         ["preregistration-small.yaml", "traffic.mixture", "'code' not a workload of the study"]),
     # ------------------------------------------------------------ a specstudy tool given the wrong kind of file
@@ -160,7 +163,7 @@ GUARD_ROWS: list[Row] = [
         ["summary.json", "--arms-from", "not a plan", "results/plan/confirm.json"]),
     Row("plan-corpora-a-plan", "CLI", cli(lambda f, d: [
         "plan", "--config", f["cfg"], "--phase", "screen", "--corpora", f["plan"], "--out", d / "p.json"]),
-        ["plan.json", "schema", "specstudy.corpus/1"]),
+        ["plan.json", "--corpora", "not a corpus record", "specstudy.plan/1", "corpus build"]),
     Row("select-lock-a-summary", "CLI", cli(lambda f, d: [
         "select", "--config", f["cfg"], "--lock", f["cell"], "--summaries", f["cell"], "--out", d / "sel.json"]),
         ["summary.json", "not a pre-registration lock", "results/screen/prereg-lock.json"]),

@@ -119,12 +119,3 @@ def test_rerun_before_the_plan_checks_the_study_config(tmp_path):
     with pytest.raises(UserError, match="'chat' is not a workload of this study"):
         check_targets(["results/screen/baseline/rep1/chat/c1/summary.json"], tmp_path, cfg, "s.yaml")
     check_targets(["results/screen/ngram-k2/rep1/code/c1/summary.json"], tmp_path, cfg, "s.yaml")
-
-
-def test_a_mixture_must_weigh_every_workload_of_the_study():
-    from specstudy.inference.decision import DecisionRuleError, check_traffic
-
-    prereg = {"traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": {"code": 1.0}}}
-    check_traffic(prereg, ["code"], "p.yaml")
-    with pytest.raises(DecisionRuleError, match=r"'summarization' \(corpora.workloads\) have no share"):
-        check_traffic(prereg, ["code", "summarization"], "p.yaml")

@@ -20,8 +20,7 @@ PREREG = {"version": 1, "selection": {"metric": "tpot_p50", "retain_within": 0.0
                            "decision": {"min_gain": 0.05, "max_regression": 0.02}},
           "capacity_criteria": {"min_knee_ratio": 0.9, "matched_load_fraction": 0.8, "max_ttft_p95_ratio": 1.2,
                                 "max_tpot_p95_ratio": 1.2, "max_kv_tokens_lost_fraction": 0.6},
-          "traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": {"code": 0.6, "open_chat": 0.4,
-                                                                                "summarization": 0.0}},
+          "traffic": {"route_by_workload": False, "shares": "output_tokens", "mixture": {"code": 0.6, "open_chat": 0.4}},
           "gate": {"margins": {"min_common_prefix_fraction": 0.05, "max_normalized_edit_distance": 0.05,
                                "max_completion_token_difference": 4}}}
 METHOD = {"baseline": "baseline", "draft-k2-tp1": "draft_model", "draft-k4-tp1": "draft_model",

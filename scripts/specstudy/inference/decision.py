@@ -118,11 +118,6 @@ def check_traffic(prereg: dict, workloads, source: str = "<pre-registration>") -
         if unknown:
             problems.append(f"field 'traffic.mixture': {', '.join(map(repr, unknown))} not a workload of the study "
                             f"(corpora.workloads: {', '.join(known)})")
-        unweighted = [w for w in known if w not in mix]
-        if unweighted:  # a workload added to the study after its pre-registration: the mixture would ignore it
-            problems.append(f"field 'traffic.mixture': the study's workload(s) {', '.join(map(repr, unweighted))} "
-                            f"(corpora.workloads) have no share; give each its output-token share (0 if production "
-                            "traffic has none), or remove it from the study config")
         total = math.fsum(float(v) for v in mix.values())
         if abs(total - 1.0) > 1e-6:
             problems.append(f"field 'traffic.mixture': the shares sum to {total:.6g}, not 1; make them output-token "

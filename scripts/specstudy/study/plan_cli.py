@@ -51,16 +51,20 @@ def _cmd_plan(args) -> int:
             confirm_arms = [a["name"] for a in src["arms"]]
         arms = phase_decl.arm_names(cfg, confirm_arms)
     plan = make_plan(cfg, args.phase, arms)
-    from specstudy.core import schemas
-
     plan["corpora"] = {}
     for path in args.corpora or []:
         rec = atomic.read_json(path)
-        schemas.validate(rec, "corpus", path)  # a corpus.json, not any JSON file
+        if not isinstance(rec, dict) or not {"name", "version", "digest"} <= set(rec):  # a corpus.json, not any JSON
+            from specstudy.core.errors import UserError
+
+            raise UserError(f"{path}: --corpora: not a corpus record (fields name, version, digest missing; "
+                            f"schema {rec.get('schema') if isinstance(rec, dict) else type(rec).__name__!r}); give "
+                            "the corpus.json files `specstudy corpus build` wrote (results/corpora/<name>/<version>/)")
         plan["corpora"][str(Path(path).parent)] = {"name": rec.get("name"), "version": rec.get("version"),
                                                    "digest": rec.get("digest")}
     if args.selection:
         plan["selection"] = {"path": args.selection, "sha256": sha256_file(args.selection)}
+    from specstudy.core import schemas
 
     schemas.validate(plan, "plan", args.out)
     atomic.write_json_if_changed(args.out, plan)  # an unchanged plan keeps its bytes and time
