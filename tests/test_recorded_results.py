@@ -60,6 +60,10 @@ def test_files_outside_a_results_tree_are_not_recorded(tmp_path):
     p.write_text("{}")
     assert atomic.read_json(p) == {}
     assert atomic.is_recorded(tmp_path / "results-archive/confirm-t/rounds/round1.json")
+    # model directories are identified by their files (specstudy.job.spec.model_identity): no sidecar among them
+    m = atomic.write_json(tmp_path / "results/models/fixture/target/config.json", {"a": 1})
+    assert not atomic.sidecar(m).exists()
+    assert not atomic.is_recorded(tmp_path / "results/.config/abc.json")
 
 
 def test_the_same_bytes_with_a_new_mtime_are_intact_and_only_moved_files_are_hashed(tmp_path, monkeypatch):

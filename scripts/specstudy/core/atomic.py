@@ -60,12 +60,23 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 SIDECAR_SUFFIX = ".sha256"
 
 
+#: folders of a results tree whose files are not recorded: model directories (their content is identified by
+#: specstudy.job.spec.model_identity and ``models-verify``, and a sidecar would become part of that identity)
+UNRECORDED_DIRS = frozenset({"models"})
+
+
 def is_recorded(path: str | os.PathLike) -> bool:
-    """Files under a results tree (a directory ``results`` or ``results-…``) are recorded; sidecars are not."""
+    """Files under a results tree (a directory ``results`` or ``results-…``) are recorded, except in its
+    :data:`UNRECORDED_DIRS` and hidden folders (caches); sidecars are not."""
     path = Path(path)
     if path.name.startswith(".") and path.name.endswith(SIDECAR_SUFFIX):
         return False
-    return any(p == "results" or p.startswith("results-") for p in path.parent.absolute().parts)
+    parts = path.parent.absolute().parts
+    roots = [i for i, p in enumerate(parts) if p == "results" or p.startswith("results-")]
+    if not roots:
+        return False
+    inside = parts[roots[-1] + 1:]
+    return not any(p in UNRECORDED_DIRS or p.startswith(".") for p in inside)
 
 
 def sidecar(path: str | os.PathLike) -> Path:
