@@ -113,6 +113,8 @@ def check_recorded(path: str | os.PathLike, data: bytes | None = None) -> None:
     """Raise :class:`Changed` when ``path`` (its bytes ``data`` when already read) differs from its record.
     A file found intact is remembered (by size and mtime) for the rest of the process."""
     path = Path(path)
+    if not is_recorded(path):
+        return
     key = str(path.absolute())
     try:
         st = path.stat()
