@@ -86,3 +86,9 @@ rule report:
 # Last, once every rule exists: a target no rule can make (`snakemake scren`, a misspelt result path) is
 # answered with the nearest rules or existing outputs, not Snakemake's bare MissingRuleException.
 check_snakemake_targets(workflow)
+
+# Every results file written through specstudy.core.atomic still holds the bytes recorded then: a hand-edited
+# or truncated plan, summary, record, table or selection stops the run here, before any job, naming the fix.
+from specstudy.study.snakemake_preflight import check_recorded_results  # noqa: E402
+
+check_recorded_results(workflow)

@@ -624,6 +624,12 @@ def test_corrupt_file_read_while_planning_names_the_file(screened, path):
     workdir = screened
     f = workdir / path
     f.write_text(f.read_text()[:20])
+    if atomic.sidecar(f).exists():  # recorded when written (specstudy.core.atomic): that record names it first ...
+        proc = sm(workdir, "-n", "confirm", check=False)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and path in out and "changed after" in out, out[-2000:]
+        assert "specstudy check-results --repair" in out and "Traceback" not in out, out[-2000:]
+        atomic.sidecar(f).unlink()  # ... and a file without its record is still named by the JSON reader
     proc = sm(workdir, "-n", "confirm", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and path in out and "not valid JSON" in out and "re-run the rule" in out, out[-2000:]

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from specstudy.analysis import tables
+from specstudy.core import atomic
 from specstudy.core.integrity import IntegrityError, digest
 from specstudy.measure import cell
 from test_cell import CORPUS, KEYS, fake_loadgen
@@ -36,6 +37,9 @@ def test_an_edited_summary_is_refused(tmp_path, monkeypatch):
     raw = json.loads(path.read_text())
     raw["tokens"]["output_tokens_per_second"] = 1e6
     path.write_text(json.dumps(raw))
+    with pytest.raises(atomic.Changed, match="was changed after it was written"):  # its record, first
+        tables.collect(tmp_path / "results")
+    atomic.sidecar(path).unlink()  # and without the record: the summary's own digest
     with pytest.raises(IntegrityError, match=r"integrity\.sha256.*specstudy rerun"):
         tables.collect(tmp_path / "results")
 
@@ -62,6 +66,7 @@ def test_an_edit_laundered_by_deleting_the_seal_is_refused(tmp_path, monkeypatch
     raw.pop("integrity")
     raw["tokens"]["output_tokens_per_second"] = 1e6
     path.write_text(json.dumps(raw))
+    atomic.sidecar(path).unlink()  # the record taken off too (with it, the record refuses the edit first)
     with pytest.raises(IntegrityError, match=r"field 'integrity' missing, but its deployment job sealed this cell"):
         tables.collect(tmp_path / "results")
     # an unsealed tree with no sealed attempt copy (written before sealing, or by hand) is still read

@@ -192,6 +192,11 @@ def test_a_hand_edited_selection_is_never_consumed(study):
     sel = json.loads(Path(out).read_text())
     sel["confirmation_arms"].append("ngram-k4")
     Path(out).write_text(json.dumps(sel))
+    # first the record every results file carries (specstudy.core.atomic) ...
+    with pytest.raises(select.SelectionError, match="was changed after it was written"):
+        select.verify_selection(out)
+    # ... and, with that record deleted too, the selection's own digest
+    atomic.sidecar(out).unlink()
     with pytest.raises(select.SelectionError, match="field 'digest'"):
         select.verify_selection(out)
     assert main(["plan", "--config", study["cfg"], "--phase", "confirm", "--selection", out,

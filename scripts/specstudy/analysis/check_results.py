@@ -2,6 +2,8 @@
 
 Checks, in the order a study makes its files:
 
+0. every results file specstudy recorded when it wrote it (specstudy.core.atomic: a sidecar ``.<name>.sha256``)
+   still holds those bytes (a hand edit or a truncated copy is found here);
 1. the pre-registration lock (``results/screen/prereg-lock.json``) against the pre-registration file;
 2. the selection against its own ``digest``, and against the sha256 the confirmation plan recorded;
 3. the selection's screening inputs (cells, deployment records, screening gates) against the sha256 the
@@ -42,6 +44,7 @@ class Result:
     findings: list[Finding] = field(default_factory=list)
     repair: str | None = None  # the one command that repairs the tree; None when consistent
     restorable: dict[str, Path] = field(default_factory=dict)  # declared file -> attempt copy with the recorded bytes
+    changed: list = field(default_factory=list)  # recorded files whose bytes changed (atomic.Changed)
 
     @property
     def consistent(self) -> bool:
@@ -92,6 +95,19 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
 
     root = Path(root)
     res = Result()
+    for c in atomic.recorded_problems(root / layout.ROOT):
+        rel = os.path.relpath(c.path, root)
+        copy = attempt_copy(root, rel, c.recorded)
+        if copy is not None:
+            res.restorable[rel] = copy
+        else:
+            res.changed.append(c)
+        where = (f"restorable from {copy.relative_to(root)}" if copy is not None
+                 else f"to be moved aside and written again by `{rewrite_command(rel)}`")
+        res.add("recorded files", False, f"{rel}: sha256 {c.now[:12]}…, recorded {c.recorded[:12]}… when it was "
+                                         f"written ({where})", RESTORE_COMMAND)
+    if not any(f.check == "recorded files" for f in res.findings):
+        res.add("recorded files", True, "every results file specstudy recorded holds the bytes it wrote")
     lock_path = root / LOCK
     if not lock_path.exists():
         res.add("pre-registration lock", True, f"{LOCK} not written yet (screening has not started)")
@@ -179,13 +195,30 @@ def check_tree(root: str | os.PathLike = ".") -> Result:
     return res
 
 
+def rewrite_command(rel: str) -> str:
+    """The command that writes the results file ``rel`` again: a cell or deployment record is re-measured by
+    ``specstudy rerun``, any other file by its rule."""
+    if layout.matches("cell", rel) or layout.matches("deployment", rel):
+        return f"specstudy rerun {rel}"
+    return f"snakemake --profile profiles/local {rel}"
+
+
 def repair(root: str | os.PathLike = ".") -> list[str]:
-    """Copy every restorable screening file back from its attempt (the bytes the selection recorded)."""
+    """Copy every restorable file back from its attempt (the bytes the selection, or the file's own record,
+    recorded); move every other changed recorded file aside, naming the command that writes it again."""
     root = Path(root)
     done = []
-    for declared, copy in check_tree(root).restorable.items():
+    res = check_tree(root)
+    for declared, copy in res.restorable.items():
         atomic.write_bytes(root / declared, copy.read_bytes())
         done.append(f"restored {declared} from {copy.relative_to(root)}")
+    for c in res.changed:
+        path = Path(c.path)
+        aside = path.with_name(f"{path.name}.changed-{c.now[:12]}")
+        os.replace(path, aside)
+        atomic.sidecar(path).unlink(missing_ok=True)
+        rel = os.path.relpath(path, root)
+        done.append(f"moved {rel} aside to {aside.name}; write it again with `{rewrite_command(rel)}`")
     return done
 
 

@@ -60,10 +60,11 @@ def checkpoint(config_path: str, lock_path: str, plan_path: str, round_n: int, s
     from specstudy.inference import stats
     from specstudy.study.config import load_config
     from specstudy.study.prereg import load_prereg, prereg_path
+    from specstudy.study.prereg_guard import read_lock
 
     cfg = load_config(config_path)
     prereg = load_prereg(cfg)
-    lock = atomic.read_json(lock_path)
+    lock = read_lock(lock_path)
     current = sha256_file(prereg_path(cfg))
     if lock.get("sha256") != current:
         raise DecisionRuleError(
@@ -167,7 +168,16 @@ def final_state(path: str) -> tuple[str, dict]:
             last = max(cand.glob("round*.json"), key=lambda f: int(f.stem[5:] or 0))
             return str(last), atomic.read_json(last)
     if p.is_file():
-        return str(p), atomic.read_json(p)
+        try:
+            st = atomic.read_json(p)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DecisionRuleError(str(exc)) from None
+        if not isinstance(st, dict) or st.get("schema") != "specstudy.confirm-round/1":
+            schema = st.get("schema") if isinstance(st, dict) else type(st).__name__
+            raise DecisionRuleError(f"{path}: field 'schema' is {schema!r}, not 'specstudy.confirm-round/1': not a "
+                                    "confirmation checkpoint; give a run directory, its rounds directory or a "
+                                    "results/confirm/rounds/round<n>.json")
+        return str(p), st
     raise DecisionRuleError(f"{path}: no results/confirm/rounds/round<n>.json here (a confirmation run directory, its "
                             "rounds directory or a round file)")
 

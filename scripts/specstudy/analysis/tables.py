@@ -607,15 +607,20 @@ def _read(reader, path: Path):
 def _verify_summary(path: Path, **where) -> None:
     """Results verified, not trusted (specstudy.core.integrity): fields the schema forbids refused, the keys
     against the path, the digest against the content."""
-    from specstudy.core import integrity
+    from specstudy.core import atomic, integrity
 
-    raw = json.loads(path.read_bytes())
+    data = path.read_bytes()
+    atomic.check_recorded(path, data)  # the bytes its writer recorded (a hand edit that re-computed the seal too)
+    raw = json.loads(data)
     integrity.verify_fields(raw, path)
     integrity.verify_place(raw, path, **where)
     integrity.verify_digest(raw, path)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    from specstudy.core import atomic
+
+    atomic.check_recorded(path)
     rows = []
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -962,6 +967,9 @@ def _cmd_tables(args) -> int:
         raise UserError("tables: give the result files (--cells, --deployments, --gates) or a results tree "
                         "(--results), not both")
     if given:
+        if not args.cells:  # tables without one cell would be written empty, and read as a study that measured nothing
+            raise UserError("tables: --cells names no cell summary; give the cells' summary.json files "
+                            f"({layout.readable('cell')}), or --results <results tree>")
         files = {"cells": args.cells or [], "records": args.deployments or [], "gates": args.gates or []}
         written = build_tables(None, args.out, files=files)
     else:
@@ -969,6 +977,9 @@ def _cmd_tables(args) -> int:
         if not Path(results).is_dir():
             raise UserError(f"--results {results}: no such results directory (run from the study's working "
                             "directory, or pass the directory that holds screen/, confirm/, gates/)")
+        if next(Path(results).glob(f"*/*/*/*/c*/{layout.CELL_SUMMARY}"), None) is None:
+            raise UserError(f"--results {results}: no cell summary in it ({layout.readable('cell', results)}); "
+                            "pass the study's results directory (the one holding screen/ and confirm/)")
         written = build_tables(results, args.out)
     for t, p in written.items():
         print(f"{t}: {p}")

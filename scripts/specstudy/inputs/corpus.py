@@ -705,6 +705,9 @@ def _corpus_json_path(corpus_dir: str | os.PathLike) -> Path:
 
 def load_corpus(corpus_dir: str | os.PathLike) -> dict:
     path = _corpus_json_path(corpus_dir)
+    if Path(corpus_dir).is_file() and path != Path(corpus_dir):
+        raise CorpusError(f"{corpus_dir}: a file, not a corpus directory or its corpus.json; give the directory "
+                          "results/corpora/<name>/<version>/ that `specstudy corpus build` wrote")
     if not path.exists():
         raise CorpusError(f"{path}: corpus.json not found; build it with `specstudy corpus build --spec <spec>`")
     try:

@@ -16,12 +16,29 @@ from specstudy.measure import prom
 from specstudy.study.config import ConfigError
 
 
+def _check_launch_log(path: Path, text: str) -> None:
+    """A launch log is the server's text output; an empty file or a JSON document (a record, a summary) is the
+    wrong input, refused rather than summarised as a launch without confounds."""
+    from specstudy.core.errors import UserError
+
+    what = "deploy-confounds reads a vLLM server's launch log (results/<phase>/<arm>/<rep>/launch.log)"
+    if not text.strip():
+        raise UserError(f"{path}: empty file, no server output to read; {what}")
+    if text.lstrip()[:1] in "{[":
+        try:
+            json.loads(text)
+        except ValueError:
+            return
+        raise UserError(f"{path}: a JSON document, not a launch log; {what}")
+
+
 def _cmd_confounds(args) -> int:
     path = Path(args.log)
     if not path.exists():
         print(f"{path}: no such launch log", file=sys.stderr)
         return 2
     text = path.read_text(encoding="utf-8", errors="replace")
+    _check_launch_log(path, text)
     out = parse_launch_log(text)
     if args.metrics:
         out = {"confounds": out, "cache_config": prom.kv_cache_config(Path(args.metrics).read_text())}

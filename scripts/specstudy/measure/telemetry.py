@@ -731,7 +731,27 @@ def _cmd_summary(args) -> int:
     if not path.exists():
         print(f"{path}: no such telemetry file", file=sys.stderr)
         return 2
-    print(json.dumps(summarize_file(path), indent=2, sort_keys=True))
+    from specstudy.core import atomic
+    from specstudy.core.errors import UserError
+
+    what = "a cell's telemetry.jsonl (one sample a line, each with 't' and 'unix'), e.g. " \
+           "results/<phase>/<arm>/<rep>/<workload>/c<concurrency>/telemetry.jsonl"
+    try:
+        rows = atomic.read_jsonl(path)
+    except atomic.BadFile as exc:
+        try:  # a whole JSON document (a summary, a record) rather than one sample a line
+            json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            raise UserError(f"{exc}; telemetry-summary reads {what}") from None
+        raise UserError(f"{path}: a JSON document, not JSON lines; telemetry-summary reads {what}") from None
+    if not rows:
+        raise UserError(f"{path}: no sample in the file (empty); telemetry-summary reads {what}")
+    bad = next((n for n, r in enumerate(rows, 1) if not isinstance(r, dict) or "unix" not in r), None)
+    if bad is not None:
+        fields = sorted(rows[bad - 1]) if isinstance(rows[bad - 1], dict) else type(rows[bad - 1]).__name__
+        raise UserError(f"{path}: line {bad} is not a telemetry sample (no field 'unix'; it has {fields}); "
+                        f"telemetry-summary reads {what}")
+    print(json.dumps(summarize(rows), indent=2, sort_keys=True))
     return 0
 
 

@@ -41,12 +41,25 @@ def _cmd_plan(args) -> int:
     if phase_decl.DECLS[args.phase].extension:
         confirm_arms = None
         if args.arms_from:
-            confirm_arms = [a["name"] for a in atomic.read_json(args.arms_from)["arms"]]
+            src = atomic.read_json(args.arms_from)
+            if not isinstance(src, dict) or src.get("schema") != "specstudy.plan/1" or not isinstance(src.get("arms"), list):
+                from specstudy.core.errors import UserError
+
+                kind = src.get("schema") if isinstance(src, dict) else type(src).__name__
+                raise UserError(f"{args.arms_from}: --arms-from: field 'schema' is {kind!r}, not 'specstudy.plan/1': "
+                                "not a plan; give the confirmation plan, results/plan/confirm.json")
+            confirm_arms = [a["name"] for a in src["arms"]]
         arms = phase_decl.arm_names(cfg, confirm_arms)
     plan = make_plan(cfg, args.phase, arms)
     plan["corpora"] = {}
     for path in args.corpora or []:
         rec = atomic.read_json(path)
+        if not isinstance(rec, dict) or not {"name", "version", "digest"} <= set(rec):  # a corpus.json, not any JSON
+            from specstudy.core.errors import UserError
+
+            raise UserError(f"{path}: --corpora: not a corpus record (fields name, version, digest missing; "
+                            f"schema {rec.get('schema') if isinstance(rec, dict) else type(rec).__name__!r}); give "
+                            "the corpus.json files `specstudy corpus build` wrote (results/corpora/<name>/<version>/)")
         plan["corpora"][str(Path(path).parent)] = {"name": rec.get("name"), "version": rec.get("version"),
                                                    "digest": rec.get("digest")}
     if args.selection:

@@ -49,10 +49,21 @@ def lock_content(path: str | os.PathLike) -> Any:
         return yaml.safe_load(fh)
 
 
+def read_lock(lock_path: str | os.PathLike) -> dict:
+    """The lock file, refused (ConfigError) when it is another kind of file (a summary, a plan given as --lock)."""
+    lock = atomic.read_json(lock_path)
+    if not isinstance(lock, dict) or lock.get("schema", "specstudy.prereg-lock/1") != "specstudy.prereg-lock/1" \
+            or not isinstance(lock.get("sha256"), str):
+        kind = lock.get("schema") if isinstance(lock, dict) else type(lock).__name__
+        raise ConfigError(f"{lock_path}: not a pre-registration lock (field 'sha256' missing, schema {kind!r}); give "
+                          f"{layout.prereg_lock()}, written by `specstudy prereg-lock` (the prereg_lock rule)")
+    return lock
+
+
 def verify_lock(lock_path: str | os.PathLike, prereg_file: str | os.PathLike) -> dict:
     """Refuse (ConfigError) when ``prereg_file`` differs from what ``lock_path`` locked; return the lock."""
     lock_path, prereg_file = Path(lock_path), Path(prereg_file)
-    lock = atomic.read_json(lock_path)
+    lock = read_lock(lock_path)
     current = atomic.sha256_file(prereg_file)
     if lock.get("sha256") == current:
         return lock

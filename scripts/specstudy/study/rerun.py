@@ -88,10 +88,19 @@ def _nearest(target: str, candidates: list[str], n: int = 3) -> str:
     return ", ".join(best) if best else "none yet (no cell has been planned or measured here)"
 
 
-def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> None:
+def _study_arms(cfg: dict) -> list[str]:
+    """The arms a study config declares (the factorial's and its variants), for a phase not planned yet."""
+    from specstudy.study.plan import all_arms, variant_arms
+
+    return sorted({a["name"] for a in all_arms(cfg)} | {a["name"] for a in variant_arms(cfg)})
+
+
+def check_targets(targets: list[str], directory: str | os.PathLike = ".", cfg: dict | None = None,
+                  cfg_source: str = "the study config") -> None:
     """Refuse paths that are not results of this workflow (a typo would otherwise run nothing or everything,
     or end in Snakemake's bare MissingRuleException): the message gives the valid patterns and the nearest
-    cells that exist or are planned."""
+    cells that exist or are planned. A cell of screening or confirmation before its plan is written is
+    checked against the study config ``cfg`` (its arms and workloads)."""
     directory = Path(directory)
     planned = _planned_cells(directory)
     known = _existing_cells(directory) + [c for cells in planned.values() for c in cells]
@@ -119,14 +128,30 @@ def check_targets(targets: list[str], directory: str | os.PathLike = ".") -> Non
                 raise UserError(f"rerun: {t}: {cell.arm!r} is not an arm of {plan} (its arms: {', '.join(arms)}); "
                                 f"nearest cells: {_nearest(norm, planned[phase])}")
             raise UserError(f"rerun: {t}: not a cell of {plan}; nearest cells: {_nearest(norm, planned[phase])}")
+        if phase not in planned and phase in ("screen", "confirm") and cfg is not None \
+                and not (directory / norm).exists():
+            arms = _study_arms(cfg)
+            if cell.arm not in arms:
+                raise UserError(f"rerun: {t}: {cell.arm!r} is not an arm of this study ({cfg_source}, arms: "
+                                f"{', '.join(arms)}); name a cell of one of those")
+            workloads = sorted((cfg.get("corpora") or {}).get("workloads") or [])
+            if workloads and cell.workload not in workloads:
+                raise UserError(f"rerun: {t}: {cell.workload!r} is not a workload of this study ({cfg_source}, "
+                                f"corpora.workloads: {', '.join(workloads)})")
 
 
 def _cmd_rerun(args) -> int:
-    check_targets(args.paths)
-    if args.configfile:  # the pre-flight before Snakemake reads it (its own errors name neither file nor line)
-        from specstudy.study.config import load_config
+    from specstudy.study.config import ConfigError, load_config
 
-        load_config(args.configfile)
+    cfg, source = None, args.configfile or "config/config.yaml"
+    if args.configfile:  # the pre-flight before Snakemake reads it (its own errors name neither file nor line)
+        cfg = load_config(args.configfile)
+    elif Path(source).is_file():
+        try:
+            cfg = load_config(source)
+        except ConfigError:  # the workflow's own parse names the problem
+            cfg = None
+    check_targets(args.paths, cfg=cfg, cfg_source=source)
     cmd = snakemake_command(args.paths, profile=args.profile or None, configfile=args.configfile,
                             dry_run=args.dry_run, cores=args.cores)
     print("+ " + " ".join(cmd), flush=True)

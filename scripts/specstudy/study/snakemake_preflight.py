@@ -109,3 +109,30 @@ def check_targets(workflow, results: str = "results") -> None:
     problem = target_problem(list(args.targets), rules, produced)
     if problem:
         raise WorkflowError(problem)
+
+
+def recorded_results_problem(results: str = "results") -> str | None:
+    """The message for results files changed since specstudy wrote them (specstudy.core.atomic's records), or
+    None. Only files whose size or mtime moved are hashed."""
+    from specstudy.core.atomic import recorded_problems
+
+    changed = recorded_problems(results) if Path(results).is_dir() else []
+    if not changed:
+        return None
+    first = "\n".join(f"  {c.path}: {'missing' if c.now is None else 'sha256 ' + c.now[:12] + '…, recorded ' + c.recorded[:12] + '…'}"
+                      for c in changed[:10])
+    more = f"\n  … and {len(changed) - 10} more" if len(changed) > 10 else ""
+    return (f"{len(changed)} results file(s) changed after specstudy wrote them (hand-edited or truncated); "
+            f"nothing was run:\n{first}{more}\nFix: `specstudy check-results --repair` moves each aside (or restores "
+            "it from the attempt that holds the recorded bytes) and names the rule that writes it again")
+
+
+def check_recorded_results(workflow, results: str = "results") -> None:
+    """Snakefile: raise WorkflowError before any job (dry runs included) when a recorded results file changed."""
+    from snakemake.exceptions import WorkflowError
+
+    if not workflow.is_main_process:
+        return
+    problem = recorded_results_problem(results)
+    if problem:
+        raise WorkflowError(problem)
