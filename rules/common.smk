@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import IncompleteCheckpointException
+
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
@@ -468,7 +470,10 @@ def deployment_priority(phase=None, base=None):
         ph = phase or wildcards.phase
         start = base if base is not None else (10 if ph == "screen" else 5)
         rep = getattr(wildcards, "rep", None) or wildcards.drift
-        p = plan_for(ph)
+        try:
+            p = plan_for(ph)
+        except IncompleteCheckpointException:  # a dry run before the plan exists: the job is not scheduled yet
+            return start
         n = len(p["deployments"])
         return start + (n - planned(ph, wildcards.arm, rep)["order"]) / (n + 1)
 
