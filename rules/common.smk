@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import IncompleteCheckpointException
+
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 
 import yaml  # noqa: E402
@@ -449,10 +451,17 @@ def deployment_inputs(wildcards, phase=None):
         if dep["kind"] == "repeat" and dep["round"] > CONFIRM_INITIAL:
             require_round(dep["round"], layout.deployment_dir("confirm", wildcards.arm, rep))
             inputs["round"] = ancient(round_file(dep["round"] - 1))
-    if dep["after"]:
-        a, r = dep["after"].split("/")
-        inputs["after"] = ancient(record_path(phase, a, r))
+    # The phase's first deployment goes alone: a configuration fault (image, EDF, model path) stops the study
+    # there (its job exits non-zero, docs/slurm.md), not once per node. After it, as many deployments run at
+    # once as the profile allows (--jobs, resources: deployments), started in plan order (deployment_priority).
+    first = _first_deployment(plan_for(phase))
+    if (first["arm"], first["rep"]) != (dep["arm"], dep["rep"]):
+        inputs["first"] = ancient(record_path(phase, first["arm"], first["rep"]))
     return inputs
+
+
+def _first_deployment(p):
+    return min(p["deployments"], key=lambda d: d["order"])
 
 
 def screen_deployment_inputs(wildcards):
@@ -467,8 +476,23 @@ def drift_outputs():
     return layout.cell_summary("{phase}", "{arm}", "{drift}", DRIFT_CELL["workload"], DRIFT_CELL["concurrency"])
 
 
-def deployment_priority(phase):
-    return 10 if phase == "screen" else 5
+def deployment_priority(phase=None, base=None):
+    """Snakemake priority of a deployment job: the phase's base (screening first), plus a fraction that falls
+    with the deployment's place in the plan, so that whatever the parallelism, ready deployments start in the
+    plan's seeded order (randomized blocks, drift baselines last in their block)."""
+
+    def priority(wildcards):
+        ph = phase or wildcards.phase
+        start = base if base is not None else (10 if ph == "screen" else 5)
+        rep = getattr(wildcards, "rep", None) or wildcards.drift
+        try:
+            p = plan_for(ph)
+        except IncompleteCheckpointException:  # a dry run before the plan exists: the job is not scheduled yet
+            return start
+        n = len(p["deployments"])
+        return start + (n - planned(ph, wildcards.arm, rep)["order"]) / (n + 1)
+
+    return priority
 
 
 # ------------------------------------------------------------------ targets

@@ -26,7 +26,7 @@ rule deploy_screen:
     threads: 2
     resources:
         deployments=1,
-    priority: 10
+    priority: deployment_priority("screen")
     conda:
         "../envs/specstudy.yaml"
     shell:
@@ -55,7 +55,7 @@ rule deploy_confirm:
     threads: 2
     resources:
         deployments=1,
-    priority: 5
+    priority: deployment_priority("confirm")
     conda:
         "../envs/specstudy.yaml"
     shell:
@@ -79,5 +79,6 @@ use rule deploy_screen as deploy_drift with:
         plan=DRIFT.plan,
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
+    priority: deployment_priority()
     wildcard_constraints:
         arm=_plan.BASELINE_PATTERN,

@@ -48,7 +48,7 @@ use rule deploy_screen as deploy_sampling with:
         plan=EXTENSION["sampling"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
-    priority: 1
+    priority: deployment_priority("sampling", 1)
 
 
 use rule deploy_screen as deploy_ignore_eos with:
@@ -67,7 +67,7 @@ use rule deploy_screen as deploy_ignore_eos with:
         plan=EXTENSION["ignore_eos"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
-    priority: 1
+    priority: deployment_priority("ignore_eos", 1)
 
 
 use rule deploy_screen as deploy_memory with:
@@ -85,7 +85,7 @@ use rule deploy_screen as deploy_memory with:
         plan=EXTENSION["memory"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
-    priority: 1
+    priority: deployment_priority("memory", 1)
 
 
 use rule deploy_screen as deploy_profile with:
@@ -104,7 +104,7 @@ use rule deploy_screen as deploy_profile with:
         plan=EXTENSION["profile"].plan,
         config=DEPLOYMENT_CONFIG_FILE,
         lock=LOCK_FILE,
-    priority: 1
+    priority: deployment_priority("profile", 1)
 
 
 for _phase in EXT_PHASE_NAMES:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specstudy.core import atomic, schemas
 from specstudy.measure.progress import Progress
@@ -197,6 +198,38 @@ def test_cost_preview_of_both_studies(tmp_path, config, profile):
         assert pv["profile"]["slots"] == 1 and screen["wall_s"] == pytest.approx(screen["deployment_s"])
     assert main(["plan", "--cost", "--config", str(ROOT / config), "--profile", str(ROOT / profile),
                  "--results", str(tmp_path / "no-results")]) == 0
+
+
+def test_cost_preview_wall_time_is_the_dags_schedule_at_the_profiles_parallelism(tmp_path):
+    """The first deployment alone (the others wait for it in the DAG), then the profile's ``jobs`` at a time in
+    plan order: the Clariden plan's two blocks are not two chains."""
+    raw = yaml.safe_load((ROOT / "profiles/clariden/config.yaml").read_text())
+    cfg = load_config(ROOT / "config/clariden-70b.yaml")
+    assert cfg["plan"]["blocks"] == 2
+    walls = {}
+    for jobs in (1, 3, 100):
+        profile = tmp_path / f"profile-{jobs}"
+        profile.mkdir()
+        (profile / "config.yaml").write_text(yaml.safe_dump({"executor": "slurm", "jobs": jobs,
+                                                             "resources": {"deployments": 100},
+                                                             "set-resources": raw["set-resources"]}))
+        pv = cost.preview(cfg, profile, tmp_path / "no-results")
+        screen = next(r for r in pv["phases"] if r["phase"] == "screen")
+        walls[jobs] = screen["wall_s"]
+        assert f"then {jobs} at a time" in cost.render(pv)
+    assert walls[1] == pytest.approx(screen["deployment_s"])  # one at a time: the sum
+    assert walls[1] > walls[3] > walls[100]
+    # 20 deployments, all but the first at once: about two deployments' time, not the half of two chains
+    assert walls[100] < screen["deployment_s"] / 5
+
+
+def test_cost_makespan_runs_the_first_alone_then_fills_slots_in_plan_order():
+    assert cost._makespan([10, 1, 1, 1, 1], 2) == 12  # 10 alone, then two at a time: 10 + 1 + 1
+    assert cost._makespan([1, 10, 1, 1, 1], 2) == 11  # 1, then 10 | 1+1+1
+    assert cost._makespan([1, 10, 1, 1, 1], 1) == 14
+    assert cost._makespan([1, 10, 1, 1, 1], 8) == 11
+    assert cost._makespan([3, 2, 2], 2, first_alone=False) == 4
+    assert cost._makespan([], 4) == 0
 
 
 def test_cost_preview_uses_measured_records(tmp_path):

@@ -434,3 +434,37 @@ def test_cap_reached_ends_confirmation(workdir):
     assert state["decision"] == "do_not_enable"
     counts = job_counts(sm(workdir, "-n", "confirm").stdout)
     assert "deploy_confirm" not in counts and "confirm_round" not in counts
+
+
+
+def _deployment_jobs(out: str) -> dict[tuple[str, str], dict]:
+    """(arm, rep) -> {"records": the deployment records among its inputs, "priority"} from a dry run's printout."""
+    jobs = {}
+    for block in re.split(r"\n(?=rule )", out):
+        if not block.startswith(("rule deploy_screen:", "rule deploy_drift:")):
+            continue
+        inputs = re.search(r"^\s*input: (.*)$", block, re.M).group(1).split(", ")
+        wc = dict(kv.split("=", 1) for kv in re.search(r"^\s*wildcards: (.*)$", block, re.M).group(1).split(", "))
+        jobs[(wc["arm"], wc.get("rep") or wc["drift"])] = {
+            "records": [f for f in inputs if f.endswith("/deployment.json")],
+            "priority": float(re.search(r"^\s*priority: (\S+)$", block, re.M).group(1))}
+    return jobs
+
+
+def test_deployments_wait_only_for_the_first_and_start_in_plan_order(workdir):
+    """The phase's first deployment goes alone (a configuration fault stops the study there); every other
+    deployment waits for it and for nothing else, so the profile's --jobs decides how many run at once (two
+    blocks are not two chains), and the job priorities Snakemake schedules by follow the plan's order."""
+    cfg = workdir / "config" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("  blocks: 1\n", "  blocks: 2\n"))
+    _, p, _ = fake_planned(workdir)
+    ordered = sorted(p["deployments"], key=lambda d: d["order"])
+    first = f"results/screen/{ordered[0]['arm']}/{ordered[0]['rep']}/deployment.json"
+    jobs = _deployment_jobs(sm(workdir, "-n", "screen").stdout)
+    assert len(jobs) == len(ordered) == 12, jobs.keys()
+    assert {d["block"] for d in ordered} == {1, 2}
+    for d in ordered:
+        job = jobs[(d["arm"], d["rep"])]
+        assert job["records"] == ([] if d is ordered[0] else [first]), (d["arm"], d["rep"], job)
+    priorities = [jobs[(d["arm"], d["rep"])]["priority"] for d in ordered]
+    assert priorities == sorted(priorities, reverse=True) and len(set(priorities)) == len(priorities), priorities

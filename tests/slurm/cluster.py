@@ -18,6 +18,12 @@ the PIDs in their pid files (SIGTERM, then SIGKILL after a grace period).
 
 Clients (``sinfo``, ``sbatch``, ``squeue``, ``scancel``, ``srun``, Snakemake's Slurm executor)
 find the cluster through ``SLURM_CONF``; ``cluster.env`` is ``os.environ`` plus that variable.
+
+The node looks like one GPU node of the production cluster where the tests need it: four GPUs as
+count-only GRES (``gres.conf``: ``AutoDetect=off``, no devices behind them; a job or step asks for
+them with ``--gres``/``--gpus-per-task`` and sees ``SLURM_GPUS_ON_NODE``), and ``srun`` understands the
+Container Engine's ``--environment=<EDF>`` through a stand-in that refuses what the engine refuses
+(``container_srun.py``).
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "sbatch", "squeue", "scancel", "scontrol", "srun")
+#: the ``srun`` wrapper that checks and strips ``--environment=<EDF>`` (the Container Engine's option)
+CONTAINER_SRUN = Path(__file__).with_name("container_srun.py")
 PACKAGES_HINT = "apt-get install -y slurm-wlm munge (tests/slurm/ensure-slurm-packages.sh does it)"
 
 
@@ -88,11 +97,12 @@ class LocalSlurm:
     """A one-node Slurm in ``root``. Start with ``start()`` or ``with LocalSlurm(root) as c:``."""
 
     def __init__(self, root: str | os.PathLike, *, partition: str = "normal", cpus: int | None = None,
-                 mem_mib: int | None = None, start_timeout_s: float = 180.0):
+                 mem_mib: int | None = None, gpus: int = 4, start_timeout_s: float = 180.0):
         self.root = Path(root).resolve()
         self.partition = partition
         self.nodename = socket.gethostname().split(".")[0]
         self.cpus = cpus or os.cpu_count() or 1
+        self.gpus = gpus  # count-only GPU GRES (no devices): a stand-in for a 4-GPU node
         # "a little under total": leave room for the OS, never below 256 MiB.
         total = _mem_total_mib()
         self.mem_mib = mem_mib or max(256, min(total - 512, int(total * 0.9)))
@@ -149,11 +159,25 @@ class LocalSlurm:
                 # status check and the tests rely on it).
                 "MinJobAge=300",
                 "KillWait=5",
-                f"NodeName={self.nodename} CPUs={self.cpus} RealMemory={self.mem_mib} State=UNKNOWN",
+                # Count-only GPUs (gres.conf below): jobs and steps can ask for GPUs as on a GPU
+                # partition, and Slurm sets the step's GPU variables, with no device behind them.
+                "GresTypes=gpu",
+                f"NodeName={self.nodename} CPUs={self.cpus} RealMemory={self.mem_mib} Gres=gpu:{self.gpus} "
+                "State=UNKNOWN",
                 f"PartitionName={self.partition} Nodes={self.nodename} Default=YES MaxTime=INFINITE State=UP",
                 "",
             ])
         )
+        # gres.conf is looked up next to slurm.conf. AutoDetect=off: no NVML probing. Slurm 22.05's
+        # gres/gpu counts GPUs by their File= lines (a "Count=" line alone registers none and drains
+        # the node), so each GPU is a plain file here; nothing opens it. Slurm accounts for them and
+        # sets a step's SLURM_GPUS_ON_NODE to the GPUs the step was given.
+        dev = self.root / "gpus"
+        dev.mkdir(exist_ok=True)
+        for i in range(self.gpus):
+            (dev / f"gpu{i}").touch()
+        (self.root / "gres.conf").write_text(
+            "AutoDetect=off\n" + "".join(f"Name=gpu File={dev}/gpu{i}\n" for i in range(self.gpus)))
         # slurm.conf must not be writable by others, and plugstack.conf is looked up next to it.
         (self.root / "plugstack.conf").write_text("")
         # The Slurm job-step executor (snakemake-executor-plugin-slurm-jobstep 0.6.1) removes every
@@ -162,11 +186,13 @@ class LocalSlurm:
         # that machine-wide file, put ``srun``/``sbatch``/... shims that set SLURM_CONF first on PATH.
         shim_dir = self.root / "bin"
         shim_dir.mkdir(exist_ok=True)
+        # ``srun`` also stands in for the Container Engine's --environment=<EDF> (container_srun.py).
         for name in CLIENTS + ("sacct", "sstat"):
             real = _which(name)
             if real:
                 shim = shim_dir / name
-                shim.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {real} "$@"\n')
+                run = (f'{sys.executable} {CONTAINER_SRUN} {real}' if name == "srun" else real)
+                shim.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {run} "$@"\n')
                 shim.chmod(0o755)
         self.env = dict(os.environ, SLURM_CONF=str(self.conf),
                         PATH=f"{shim_dir}{os.pathsep}{os.environ.get('PATH', '')}")

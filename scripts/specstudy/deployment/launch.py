@@ -395,11 +395,27 @@ class ContainerBackend(LocalProcessBackend):
     def wrap(self, argv: list[str], attempt_dir: Path | None = None) -> list[str]:
         edf_path = self.write_edf(attempt_dir) if attempt_dir is not None else Path("<attempt>/environment.toml")
         # --overlap: the deployment job already runs inside the plugin's job step, which holds the
-        # node's CPUs and GPUs; a nested step without it waits for ever.
+        # node's CPUs and GPUs; a nested step without it waits for ever. Without its own GPU and CPU
+        # request the step would get one CPU and no GPU of the allocation (step_resources).
         srun = [str(self.container.get("srun", "srun")), "--overlap", f"--environment={edf_path}", "--ntasks=1",
-                "--kill-on-bad-exit=1", "--unbuffered"]
+                *self.step_resources(), "--kill-on-bad-exit=1", "--unbuffered"]
         srun += [str(a) for a in self.container.get("srun_args") or []]
         return srun + list(argv)
+
+    def step_resources(self) -> list[str]:
+        """The vLLM step's GPUs and CPUs: ``--gpus-per-task`` = ``container.gpus_per_task``, else the
+        deployment's tensor-parallel size (the engine's ranks, one GPU each); ``--cpus-per-task`` =
+        ``container.cpus_per_task``, else the CPUs Slurm gave the job's step (``SLURM_CPUS_PER_TASK``: the
+        profile's ``cpus_per_task``), else no CPU request."""
+        gpus = self.container.get("gpus_per_task")
+        gpus = int(self.cfg.get("tensor_parallel_size") or 1) if gpus is None else int(gpus)
+        cpus = self.container.get("cpus_per_task")
+        if cpus is None:
+            cpus = os.environ.get("SLURM_CPUS_PER_TASK") or None
+        out = [f"--gpus-per-task={gpus}"] if gpus > 0 else []
+        if cpus is not None:
+            out.append(f"--cpus-per-task={int(cpus)}")
+        return out
 
     def _edf_env(self, base: dict) -> tuple[dict[str, str], dict[str, str]]:
         """The EDF's [env]: base EDF, env_file, engine env (in that order), plus what the launcher adds."""

@@ -425,3 +425,30 @@ def classify_failure(reason: str, log_text: str) -> str:
     if re.search(r"ValidationError|ValueError|validation error|must be|not supported|NotImplementedError|argument", joined):
         return "invalid_config"
     return reason
+
+
+#: Launch failures that are the configuration's fault, not the node's: (pattern of the launch log, the fix).
+#: Every deployment of the study would fail the same way, so the job stops the study (docs/slurm.md).
+CONFIG_FAULTS = (
+    (re.compile(r"^srun: error: container engine: (?P<detail>.+)$", re.M),
+     "fix engine.container.image / engine.container.edf in the study config (or the EDF's image and mounts) so that "
+     "they exist on the compute nodes, then run the same snakemake command again"),
+    (re.compile(r"^.*pyxis: (?P<detail>.*(?:error|failed|couldn't|No such file).*)$", re.M),
+     "fix engine.container.image / engine.container.edf in the study config (or the EDF's image and mounts) so that "
+     "they exist on the compute nodes, then run the same snakemake command again"),
+    (re.compile(r"^.*(?P<detail>(?:HFValidationError|OSError|FileNotFoundError|ValueError).*(?:Repo id must|"
+                r"not a valid model identifier|does not appear to have a file named config\.json|"
+                r"Invalid repository ID or local directory).*)$", re.M),
+     "fix engine.target.path / engine.draft.path in the study config: a model directory visible inside the "
+     "container (mounted by the EDF), then run the same snakemake command again"),
+)
+
+
+def config_fault(log_text: str) -> dict | None:
+    """``{"detail", "fix"}`` when the launch log shows a failure that is the configuration's fault (the image, the
+    EDF, a model path), else None: a node's fault or an arm the engine refuses stays a failed deployment (data)."""
+    for pattern, fix in CONFIG_FAULTS:
+        m = pattern.search(log_text or "")
+        if m:
+            return {"detail": m.group("detail").strip(), "fix": fix}
+    return None

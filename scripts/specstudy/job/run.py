@@ -68,6 +68,8 @@ def _request_specs(prompts: list[dict], n: int, workload: str, offset: int = 0, 
 
 #: warm-up requests of a per-request-seed cell draw their seeds from here on (never a measured request's seed)
 WARMUP_SEED_OFFSET = 1_000_000
+#: exit code of a deployment job whose launch failed through the configuration's fault (launchlog.config_fault)
+CONFIG_FAULT_EXIT = 3
 
 
 def _cell_rel(cell: dict) -> str:
@@ -148,6 +150,7 @@ class _Job:
     failure: dict | None = None
     exit_code: int | None = None  # the server's exit code (DeploymentError), for the failure record
     cancelled_code: int | None = None  # 128+signal once SIGTERM/SIGINT cancelled the job
+    config_fault: dict | None = None  # a launch failure that is the configuration's fault (launchlog.config_fault)
     captures: list[str] = field(default_factory=list)
     extension: dict = field(default_factory=dict)  # an extension phase's artifacts (specstudy.phases.registry)
     cache_config: dict | None = None
@@ -205,7 +208,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
     """Run one deployment (``spec``: :func:`deployment_spec`) and write its records; return the job's exit code.
 
     0 also for a deployment that failed (a failure is data), 2 when the plan's selection does not
-    verify (nothing started), 128+signal when cancelled (outputs left missing so the study resumes).
+    verify (nothing started), 3 when the launch failed through the configuration's fault (image, EDF, model
+    path: launchlog.config_fault; outputs left missing, the failure record kept), 128+signal when cancelled
+    (outputs left missing so the study resumes).
     """
     plan = read_plan(plan_path) if plan_path else None
     if spec["kind"] != "capacity" and not _selection_verified(plan, plan_path):
@@ -229,6 +234,9 @@ def run_deployment(spec: dict, out: str | os.PathLike, plan_path: str | None = N
             traceback.print_exc()  # the server died or was stopped as idle under it: a deployment failure
         finally:
             _stop(job)
+    if job.status == "failed" and not job.cancelled and job.times.get("ready") is None:
+        log = job.attempt / layout.LAUNCH_LOG
+        job.config_fault = launchlog.config_fault(log.read_text(encoding="utf-8", errors="replace")) if log.exists() else None
     return _write_records(job)
 
 
@@ -600,7 +608,7 @@ def _write_records(job: _Job) -> int:
             exit_code=job.exit_code, message=job.failure.get("message"), provenance=job.provenance,
             confounds=job.confounds, times=job.times, secrets=getattr(job.server, "secrets", ()))
         job.failure = dict(atomic.read_json(fpath)["failure"], record=str(fpath))
-        if not job.cancelled:  # cancelled: leave the cells missing so the study resumes
+        if not job.cancelled and not job.config_fault:  # leave the cells missing so the study resumes
             done = {(r["workload"], r["concurrency"]) for r in job.cell_records}
             for e in job.to_measure:
                 if (e["cell"]["workload"], int(e["cell"]["concurrency"])) not in done:
@@ -617,10 +625,17 @@ def _write_records(job: _Job) -> int:
     previous = _previous_ok_record(job.out)
     if job.status != "ok" and previous is not None and not job.captures:
         rec["smoke"] = previous.get("smoke", {"captures": []})
-    _write_record(job.out, job.attempt, rec, publish=not job.cancelled)
+    _write_record(job.out, job.attempt, rec, publish=not job.cancelled and not job.config_fault)
     if job.cancelled:
         job.log(f"deployment {job.deployment_id} cancelled; exiting {job.cancelled_code}")
         return job.cancelled_code
+    if job.config_fault:
+        # every deployment would fail the same way: the job fails (no record published), so the deployments
+        # that wait for the phase's first one never start; the failure record keeps the log
+        print(f"specstudy: deployment {job.deployment_id} could not start because of the study's configuration, "
+              f"not the node: {job.config_fault['detail']}\nFix: {job.config_fault['fix']}\n"
+              f"(failure record: {job.failure.get('record')})", file=sys.stderr, flush=True)
+        return CONFIG_FAULT_EXIT
     return 0
 
 

@@ -17,8 +17,9 @@ figure for every workload). A capacity deployment is
 start-up + smoke + the search (measured: median ``capacity`` phase; declared: ``cost.capacity_search_s``).
 
 Wall time: phases run one after the other (confirmation needs the selection, capacity the final
-candidate); inside a phase, deployments are packed longest-first onto the profile's parallel
-slots (Slurm: ``jobs``; local: ``cores`` ÷ 2 threads per deployment job; either capped by the profile's
+candidate); inside a phase, as the DAG runs them: the first deployment alone (the others wait for it),
+then the rest in plan order, each on the first of the profile's parallel slots to come free (Slurm:
+``jobs``; local: ``cores`` ÷ 2 threads per deployment job; either capped by the profile's
 ``resources: deployments``). Node-hours = Σ deployment
 time × nodes per deployment job (``set-resources.<rule>.nodes`` of the profile, else 1). Queue
 waits and the short local steps (models, corpora, gates, report: ``cost.other_steps_s``) are added
@@ -147,12 +148,18 @@ def profile_info(profile: str | Path | None) -> dict:
 
 
 # ------------------------------------------------------------------------------- the preview
-def _makespan(durations: list[float], slots: int) -> float:
-    lanes = [0.0] * max(1, slots)
-    for d in sorted(durations, reverse=True):
+def _makespan(durations: list[float], slots: int, first_alone: bool = True) -> float:
+    """Wall time of deployments (``durations`` in plan order) as the DAG runs them: the phase's first deployment
+    alone (rules/common.smk: the others wait for it), then the rest in plan order (their job priorities), each
+    on the first of ``slots`` parallel slots to come free. ``first_alone=False``: all start together."""
+    if not durations:
+        return 0.0
+    start = durations[0] if first_alone else 0.0
+    lanes = [start] * max(1, slots)
+    for d in durations[1:] if first_alone else durations:
         i = lanes.index(min(lanes))
         lanes[i] += d
-    return max(lanes) if durations else 0.0
+    return max(max(lanes), start)
 
 
 def preview(cfg: dict, profile: str | Path | None = None, results: str | Path = "results") -> dict:
@@ -257,7 +264,7 @@ def p_arms(p: dict) -> list[str]:
 def _phase_row(name, durs, cells, reqs, warm, prof, note) -> dict:
     nodes = prof["nodes"].get(RULES[name], 1)
     return {"phase": name, "deployments": len(durs), "cells": cells, "requests": reqs, "warmup_requests": warm,
-            "deployment_s": sum(durs), "wall_s": _makespan(durs, prof["slots"]),
+            "deployment_s": sum(durs), "wall_s": _makespan(durs, prof["slots"], first_alone=name != "capacity"),
             "node_hours": sum(durs) * nodes / 3600.0, "nodes_per_deployment": nodes, "note": note}
 
 
@@ -278,6 +285,8 @@ def render(pv: dict, config_path: str = "") -> str:
         req = "–" if r["requests"] is None else f"{r['requests']} (+{r['warmup_requests']})"
         lines.append(f"{r['phase']:<9} {r['deployments']:>11} {r['cells'] or '–':>6} {req:>20} "
                      f"{_dur(r['deployment_s']):>16} {_dur(r['wall_s']):>10} {r['node_hours']:>14.2f}")
+    lines.append(f"(wall time of a phase: its first deployment alone, then {prof['slots']} at a time in plan order, "
+                 "as the DAG runs them; the profile's jobs / resources: deployments set how many)")
     lines.append(f"(total wall time includes {pv['total']['other_steps_s']:.0f} s of local steps: models, corpora, "
                  "gates, report; Slurm queue waits are not included)")
     lines.append("")
