@@ -44,6 +44,8 @@ COUNTER_EXAMPLES = {
     "snakemake … --forcerun <path>",            # README, docs/slurm.md: --forcerun swallows the path, runs `all`
     "snakemake --configfile study.yaml report",  # README: --configfile swallows the target
     "snakemake scren",                           # docs/bad-input.md: a misspelt target and the message it gets
+    # docs/bad-input.md: a misspelt profile name and Snakemake's own one-line refusal
+    "snakemake -d <tmp>/wf -s <tmp>/wf/Snakefile -n screen --profile profiles/lokal",
 }
 RUNNERS = ("snakemake", "specstudy", "make")
 #: Snakemake options after which nothing runs: the command is checked by the parser only

