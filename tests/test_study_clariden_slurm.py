@@ -9,7 +9,7 @@ config/clariden-70b.yaml with tiny models and requests (the fixture models, two 
 pre-registration), and the server is the suite's fake vLLM (tests/progress_fake_vllm.py) behind the
 ``engine.python`` shim, which first prints the GPUs and CPUs its Slurm step was given.
 
-Legs: an image path that does not exist fails the phase's first deployment with the fix and nothing else is
+Legs: an image path that does not exist is refused from the login node before anything is submitted (naming the field); nothing else is
 submitted; with the image in place screening runs, each vLLM step with the node's four GPUs.
 """
 
@@ -99,27 +99,19 @@ def run(workdir, env, *args, check=True, timeout=900):
 def test_clariden_profile_and_config_on_local_slurm(workdir, slurm_env, local_slurm):
     env = dict(slurm_env, SPECSTUDY_CONFIGFILE="config/clariden-rehearsal.yaml",
                PATH=f"{Path(sys.executable).parent}:{slurm_env.get('PATH', '')}")
-    # the plan (local rules), to know which deployment goes first
+    # 1. the image does not exist: refused from the login node before anything is submitted, naming the field
+    #    (the job-level refusal of a configuration fault that only a compute node sees: tests/test_config_fault.py)
+    rc, out = run(workdir, env, "results/plan/screen.json", check=False)
+    assert rc != 0 and "field 'engine.container.image'" in out and "does not exist on this machine" in out, out[-2000:]
+    assert not (workdir / "results/plan/screen.json").exists() and not _submitted(out, env)
+
+    # 2. with the image in place: the plan (local rules), then screening through the production command line
+    (workdir / "images").mkdir()
+    (workdir / "images" / "vllm.sqsh").write_bytes(b"hsqs")
     run(workdir, env, "results/plan/screen.json")
     plan = json.loads((workdir / "results/plan/screen.json").read_text())
     assert len(plan["deployments"]) == 2
     first, second = sorted(plan["deployments"], key=lambda d: d["order"])
-
-    # 1. the image does not exist: the first deployment fails with the fix, the other is never submitted
-    rc, out = run(workdir, env, "screen", check=False)
-    assert rc != 0
-    assert "because of the study's configuration, not the node" in out and "Fix: fix engine.container.image" in out
-    assert f"image {workdir / 'images' / 'vllm.sqsh'} does not exist" in out
-    jobs = _submitted(out, env)
-    assert set(jobs) == {"deploy_screen"}, jobs
-    assert not (workdir / f"results/screen/{first['arm']}/{first['rep']}/deployment.json").exists()
-    assert list((workdir / "results/deployment-failures/screen" / first["arm"]).rglob("failure.json"))
-    assert not (workdir / f"results/screen/{second['arm']}/{second['rep']}/attempts").exists() or \
-        not any((workdir / f"results/screen/{second['arm']}/{second['rep']}/attempts").iterdir())
-
-    # 2. with the image in place: screening through the production command line
-    (workdir / "images").mkdir()
-    (workdir / "images" / "vllm.sqsh").write_bytes(b"hsqs")
     rc, out = run(workdir, env, "screen")
     jobs = _submitted(out, env)
     assert len(jobs.get("deploy_screen", [])) == 2, (jobs, out[-3000:])
