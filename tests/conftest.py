@@ -74,6 +74,43 @@ def wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
                what=f"{n} rows in {partial}", timeout_s=timeout_s)
 
 
+#: What a copy of the workflow holds to run Snakemake in (the package itself is linked, not copied).
+WORKFLOW_PARTS = ("Snakefile", "rules", "config", "corpora", "envs", "profiles")
+
+
+def copy_workflow(dest: Path, *, fixture_models: dict | None = None, test_data: bool = False) -> Path:
+    """``dest`` made a copy of the workflow (:data:`WORKFLOW_PARTS`, ``scripts/`` linked); with ``test_data`` the
+    repository's test data too (the small pre-registration), with ``fixture_models`` the session's built models
+    as ``results/models/fixture``, their record touched: copytree keeps their old mtime, and rule fixture_models
+    declares its training text and module as inputs, so the copy must look newer than them or Snakemake rebuilds it."""
+    import shutil
+
+    for name in WORKFLOW_PARTS:
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
+    (dest / "scripts").symlink_to(ROOT / "scripts")
+    if test_data:
+        shutil.copytree(ROOT / "tests" / "data", dest / "tests" / "data")
+    if fixture_models is not None:
+        shutil.copytree(fixture_models["dir"], dest / "results" / "models" / "fixture")
+        (dest / "results" / "models" / "fixture" / "models.json").touch()
+    return dest
+
+
+def fake_engine_python(path: Path, fake_server: Path, *, before: str = "") -> Path:
+    """An executable at ``path`` to give as ``engine.python``: the fake vLLM ``fake_server`` where the launcher starts
+    vLLM's API server (after the shell lines ``before``), the real interpreter for anything else."""
+    path.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.openai.api_server" ]; then
+{before}    shift 2
+    exec "{sys.executable}" "{fake_server}" "$@"
+fi
+exec "{sys.executable}" "$@"
+""")
+    path.chmod(0o755)
+    return path
+
+
 def _source_key() -> str:
     h = hashlib.sha256()
     h.update((ROOT / "scripts" / "specstudy" / "inputs" / "fixture_models.py").read_bytes())

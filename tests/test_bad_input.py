@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECSTUDY = [sys.executable, "-m", "specstudy.cli"]
@@ -112,13 +113,7 @@ def prereg_case(mutate: Callable[[dict], object]) -> Callable[[Path], list[str]]
 def workflow_copy(d: Path) -> Path:
     w = d / "wf"
     w.mkdir()
-    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles", "tests/data"):
-        src = ROOT / name
-        dst = w / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
-    (w / "scripts").symlink_to(ROOT / "scripts")
-    return w
+    return copy_workflow(w, test_data=True)
 
 
 def sm_case(mutate: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import copy_workflow, fake_engine_python
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_VLLM = ROOT / "tests" / "progress_fake_vllm.py"
 pytestmark = [pytest.mark.study, pytest.mark.timeout(2400)]
@@ -27,20 +29,9 @@ pytestmark = [pytest.mark.study, pytest.mark.timeout(2400)]
 
 @pytest.fixture()
 def workdir(tmp_path, fixture_models):
-    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    copy_workflow(tmp_path)
     # engine.python of both builds: the fake vLLM for the server, the real interpreter for anything else
-    shim = tmp_path / "engine-python"
-    shim.write_text(f"""#!/bin/sh
-if [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.openai.api_server" ]; then
-    shift 2
-    exec "{sys.executable}" "{FAKE_VLLM}" "$@"
-fi
-exec "{sys.executable}" "$@"
-""")
-    shim.chmod(0o755)
+    shim = fake_engine_python(tmp_path / "engine-python", FAKE_VLLM)
     target = fixture_models["target"]  # the fake serves no weights; the corpora count tokens with its tokenizer
     study = yaml.safe_load((ROOT / "tests" / "data" / "study-small.yaml").read_text())
     prereg = yaml.safe_load((ROOT / "tests" / "data" / "preregistration-small.yaml").read_text())

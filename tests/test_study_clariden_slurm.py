@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,6 +26,7 @@ import pytest
 import tomli_w
 import yaml
 
+from conftest import copy_workflow, fake_engine_python
 from test_study_slurm import FAKE_VLLM, _submitted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,29 +38,16 @@ LOCAL = ["--slurm-no-account", "--slurm-status-command", "squeue", "--slurm-init
 
 @pytest.fixture()
 def workdir(tmp_path, fixture_models):
-    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    shutil.copytree(ROOT / "tests" / "data", tmp_path / "tests" / "data")  # the small pre-registration
-    shutil.copytree(fixture_models["dir"], tmp_path / "results" / "models" / "fixture")
-    (tmp_path / "results" / "models" / "fixture" / "models.json").touch()
+    copy_workflow(tmp_path, fixture_models=fixture_models, test_data=True)  # test data: the small pre-registration
     # the profile, with the node's CPUs instead of a GH200 node's 72
     prof = tmp_path / "profiles" / "clariden" / "config.yaml"
     text = prof.read_text()
     assert text.count("cpus_per_task: 72") == 4
     prof.write_text(text.replace("cpus_per_task: 72", "cpus_per_task: 2"))
     # engine.python: the fake vLLM, after printing what its Slurm step was given
-    shim = tmp_path / "engine-python"
-    shim.write_text(f"""#!/bin/sh
-if [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.openai.api_server" ]; then
-    echo "step: SLURM_GPUS_ON_NODE=$SLURM_GPUS_ON_NODE SLURM_CPUS_ON_NODE=$SLURM_CPUS_ON_NODE EDF_HF_HUB_OFFLINE=$HF_HUB_OFFLINE"
-    shift 2
-    exec "{sys.executable}" "{FAKE_VLLM}" "$@"
-fi
-exec "{sys.executable}" "$@"
-""")
-    shim.chmod(0o755)
+    shim = fake_engine_python(tmp_path / "engine-python", FAKE_VLLM, before=(
+        '    echo "step: SLURM_GPUS_ON_NODE=$SLURM_GPUS_ON_NODE SLURM_CPUS_ON_NODE=$SLURM_CPUS_ON_NODE '
+        'EDF_HF_HUB_OFFLINE=$HF_HUB_OFFLINE"\n'))
     # the Clariden EDF's structure, with this machine's image and mounts
     edf = tomllib.loads((ROOT / "envs" / "clariden-vllm.toml").read_text())
     edf.update(image=str(tmp_path / "images" / "vllm.sqsh"), mounts=[f"{tmp_path}:{tmp_path}"], workdir=str(tmp_path))

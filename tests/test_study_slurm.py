@@ -27,6 +27,8 @@ import psutil
 import pytest
 import yaml
 
+from conftest import copy_workflow
+
 ROOT = Path(__file__).resolve().parents[1]
 # A small study through Slurm (two real deployments, then three legs on the fake server): it may run longer than the
 # suite's 900-s per-test limit on a loaded machine, so it has its own (each Snakemake run has its timeout; this caps their sum).
@@ -68,18 +70,9 @@ def _submitted(text: str, env: dict) -> dict[str, list[str]]:
 
 @pytest.fixture()
 def workdir(tmp_path, fixture_models):
-    for name in ("Snakefile", "rules", "config", "corpora", "envs", "profiles"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    copy_workflow(tmp_path, fixture_models=fixture_models, test_data=True)  # test data: its pre-registration
     # the small study replaces the default one (a --configfile would be merged into it)
     shutil.copy(ROOT / "tests" / "data" / "study-small.yaml", tmp_path / "config" / "config.yaml")
-    shutil.copytree(ROOT / "tests" / "data", tmp_path / "tests" / "data")  # its pre-registration
-    shutil.copytree(fixture_models["dir"], tmp_path / "results" / "models" / "fixture")
-    # copytree keeps the cached models' old mtime; rule fixture_models declares its training text and module as
-    # inputs, so the copy must look newer than them or Snakemake would rebuild it
-    record = tmp_path / "results" / "models" / "fixture" / "models.json"
-    record.touch()
     # engine.python: the real interpreter, except for the server's start once fake_engine() has written its settings
     shim = tmp_path / "engine-python"
     shim.write_text(f"""#!/bin/sh
