@@ -84,7 +84,7 @@ def test_bad_arms_and_engine_config_are_rejected_with_field_names():
     with pytest.raises(config.ConfigError, match="extra_args.*--speculative-config"):
         command.build_command({**ENGINE, "extra_args": ["--speculative-config", "{}"]}, BASELINE, port=1,
                              served_model_name="m")
-    with pytest.raises(config.ConfigError, match="'draft_model'"):
+    with pytest.raises(config.ConfigError, match=r"field 'engine\.draft\.path' \(the draft model directory\)"):
         command.build_command({k: v for k, v in ENGINE.items() if k != "draft_model"}, DRAFT, port=1,
                              served_model_name="m")
     with pytest.raises(config.ConfigError, match="'model'"):

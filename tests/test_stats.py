@@ -212,6 +212,19 @@ def test_patch_replaces_existing_speculative_config():
     assert recorded == {"method": "ngram", "num_speculative_tokens": 3}
 
 
+def test_the_production_draft_replaces_only_a_draft_models_path():
+    """The recommendation's production draft path replaces the recorded draft model's path, never an EAGLE head's
+    (recorded or built from the spec): the two branches must agree."""
+    recorded = command.recommended_speculative_config(
+        None, '{"method": "draft_model", "model": "/measured/draft", "num_speculative_tokens": 3}', "/prod/draft")
+    assert recorded["model"] == "/prod/draft"
+    head = command.recommended_speculative_config(
+        None, '{"method": "eagle3", "model": "/measured/head", "num_speculative_tokens": 2}', "/prod/draft")
+    assert head["model"] == "/measured/head"
+    built = command.recommended_speculative_config({"method": "eagle3", "num_speculative_tokens": 2}, None, "/prod/draft")
+    assert built["model"] != "/prod/draft"
+
+
 def test_drift_detected_and_not():
     def cells(trend):
         out = []

@@ -127,8 +127,10 @@ def speculative_config(engine_cfg: dict, arm: dict) -> dict | None:
     try:
         spec = decl.speculative_config(arm, engine_cfg)
     except KeyError as exc:
-        raise ConfigError(f"engine config: field '{exc.args[0]}' (path of {decl.model.what}) is required for arm "
-                          f"{arm['name']!r}") from None
+        if decl.model is not None and exc.args[0] == decl.model.flat:
+            raise ConfigError(f"engine config: field '{decl.model.field}' ({decl.model.what}) is required for arm "
+                              f"{arm['name']!r}") from None
+        raise ConfigError(f"arm {arm.get('name')!r}: field '{exc.args[0]}' is required for method {decl.name}") from None
     spec.update(engine_cfg.get("speculative_extra") or {})  # same for every speculative arm
     spec.update(arm.get("speculative_config") or {})         # a variant's own keys (checked by validate_arm)
     return spec
@@ -222,8 +224,9 @@ def recommended_speculative_config(arm_spec: dict | None, recorded: str | None =
         except (TypeError, ValueError):
             cfg = None
         if isinstance(cfg, dict):
-            if draft_model and "model" in cfg:
-                cfg["model"] = draft_model
+            decl = _methods.find(cfg.get("method"))
+            if draft_model and "model" in cfg and decl is not None and decl.model is _methods.DRAFT:
+                cfg["model"] = draft_model  # the production draft replaces the measured one; a head's path stays
             return cfg
     spec = arm_spec or {}
     cfg = {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
@@ -233,7 +236,7 @@ def recommended_speculative_config(arm_spec: dict | None, recorded: str | None =
     for f in decl.arm_fields()[1:]:  # the levels after k (draft_tensor_parallel_size)
         cfg[f] = spec.get(f)
     if decl.model is not None:  # the production draft path replaces a draft's recorded path
-        cfg["model"] = (draft_model if decl.model.section == "draft" else None) or spec.get("model") or decl.model.placeholder
+        cfg["model"] = (draft_model if decl.model is _methods.DRAFT else None) or spec.get("model") or decl.model.placeholder
     if decl.settings is not None:
         cfg.update({k: spec[k] for k in decl.settings.spec_fields() if spec.get(k) is not None})
     return cfg

@@ -299,11 +299,10 @@ def collect_provenance(engine_cfg: dict, arm: dict, *, deployment_id: str, backe
         container = {k: desc.get(k) for k in ("image", "image_digest", "image_digest_configured", "image_sha256",
                                               "image_size", "image_mtime_ns", "image_hash", "edf", "env_file",
                                               "workdir", "unset_variables")}
-    models = {"target": model_info(cfg.get("model"), cache),
-              "draft": model_info(cfg.get("draft_model"), cache) if arm.get("method") == "draft_model" else None,
+    models = {"target": model_info(cfg.get("model"), cache), "draft": None,
               "tokenizer": str(cfg.get("tokenizer") or cfg.get("model"))}
-    decl = methods.find(arm.get("method"))  # a head or drafter of its own (the registry says which), beside the draft
-    if decl and decl.model and decl.model is not methods.DRAFT and cfg.get(decl.model.flat):
+    decl = methods.find(arm.get("method"))  # the model directory of its own the method loads (the registry says which)
+    if decl and decl.model and cfg.get(decl.model.flat):
         models[decl.model.section] = model_info(cfg.get(decl.model.flat), cache)
     record = {
         "schema": PROVENANCE_SCHEMA,
@@ -321,7 +320,7 @@ def collect_provenance(engine_cfg: dict, arm: dict, *, deployment_id: str, backe
         "launcher_env": redact_env(server.launch_info.get("added_env") or {} if server else backend.added_env(), secrets),
         "compile_cache": (server.launch_info.get("compile_cache") if server else None),
         "tensor_parallel_size": {"target": int(cfg.get("tensor_parallel_size") or 1),
-                                 "draft": arm.get("draft_tensor_parallel_size") if arm.get("method") == "draft_model" else None},
+                                 "draft": arm.get(methods.TP.field) if decl and methods.TP in decl.levels else None},
         "slurm": slurm_env(),
         "models": models,
         "hashes": {"cache": str(hash_cache) if hash_cache else None, "read": len(cache.hashed),
